@@ -1,0 +1,129 @@
+"""Save and load adapters as PEFT does: adapter_config.json + adapter_model.safetensors.
+
+Only adapter tensors are written; nothing executable is ever read back (no pickle).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from . import __version__
+from .attach import adapter_state_dict, attach, decoder_layers, detach, family_of, hidden_size
+from .config import PreProjConfig
+
+CONFIG_NAME = "adapter_config.json"
+WEIGHTS_NAME = "adapter_model.safetensors"
+PEFT_TYPE = "PREPROJ"
+
+
+class AdapterError(ValueError):
+    """An adapter directory that cannot be loaded onto the given model."""
+
+
+def _atomic_write(path: Path, write) -> None:
+    """Write via a temporary file in the same directory and rename: readers never see half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | os.PathLike, data) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2) + "\n"))
+
+
+def _base_description(model: nn.Module) -> dict:
+    return {
+        "base_model_name_or_path": getattr(model.config, "_name_or_path", None) or None,
+        "model_type": model.config.model_type,
+        "family": family_of(model).name,
+        "hidden_size": hidden_size(model),
+        "num_hidden_layers": len(decoder_layers(model)),
+    }
+
+
+def save_adapter(model: nn.Module, directory: str | os.PathLike) -> Path:
+    """Write the adapter of `model` (tensors only) and its config to `directory`."""
+    config = getattr(model, "preproj_config", None)
+    if config is None:
+        raise AdapterError("The model carries no preproj adapter; attach one with preproj.attach(model, config).")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in adapter_state_dict(model).items()}
+    _atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    meta = {"peft_type": PEFT_TYPE, "preproj_version": __version__, **_base_description(model), "config": config.to_dict()}
+    write_json(directory / CONFIG_NAME, meta)
+    return directory
+
+
+def read_adapter_config(directory: str | os.PathLike) -> dict:
+    path = Path(directory) / CONFIG_NAME
+    if not path.is_file():
+        raise AdapterError(f"No {CONFIG_NAME} in {directory}: is this a directory written by preproj.save_adapter?")
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise AdapterError(f"{path} is not valid JSON ({e}); the file is truncated or corrupt.") from None
+    if not isinstance(meta, dict) or meta.get("peft_type") != PEFT_TYPE or not isinstance(meta.get("config"), dict):
+        raise AdapterError(f"{path} is not a preproj adapter config (expected peft_type {PEFT_TYPE!r} and a 'config' object).")
+    return meta
+
+
+def _check_compatible(meta: dict, model: nn.Module, directory) -> None:
+    have = _base_description(model)
+    for key, what in (("family", "model family"), ("hidden_size", "hidden size"), ("num_hidden_layers", "layer count")):
+        if meta.get(key) != have[key]:
+            raise AdapterError(
+                f"Adapter in {directory} does not fit this model: {what} mismatch "
+                f"(adapter: {meta.get(key)!r}, model: {have[key]!r}). "
+                f"It was trained on {meta.get('base_model_name_or_path') or meta.get('model_type')!r}."
+            )
+
+
+def load_adapter(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
+    """Rebuild the adapter saved in `directory` on `model` (in place) and load its weights."""
+    directory = Path(directory)
+    meta = read_adapter_config(directory)
+    _check_compatible(meta, model, directory)
+    try:
+        config = PreProjConfig.from_dict(meta["config"])
+    except (TypeError, ValueError) as e:
+        raise AdapterError(f"Invalid adapter config in {directory / CONFIG_NAME}: {e}") from None
+
+    weights = directory / WEIGHTS_NAME
+    if not weights.is_file():
+        raise AdapterError(f"No {WEIGHTS_NAME} in {directory}; preproj only reads safetensors, never pickles.")
+    try:
+        tensors = load_file(weights)
+    except (SafetensorError, OSError, ValueError) as e:
+        raise AdapterError(f"{weights} could not be read ({e}); the file is truncated or corrupt.") from None
+
+    attach(model, config)
+    expected = adapter_state_dict(model)
+    missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+    bad_shape = [k for k in expected if k in tensors and tensors[k].shape != expected[k].shape]
+    if missing or unexpected or bad_shape:
+
+        detach(model)
+        raise AdapterError(
+            f"{weights} does not match its config: missing {missing[:4]}, unexpected {unexpected[:4]}, "
+            f"wrong shape {bad_shape[:4]}."
+        )
+    with torch.no_grad():
+        for key, param in expected.items():
+            param.copy_(tensors[key])
+    return model

@@ -1,0 +1,148 @@
+"""Attach the adapter to a Hugging Face causal LM in place, and take it off again.
+
+Each supported family names where its decoder layers, attention modules and attention-input
+norms live; the attention module is swapped for a `PreProjAttention` wrapper that keeps the
+original as `base_layer`, so `detach` restores the base exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .config import PreProjConfig
+from .modules import PreProjAttention
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_types: tuple[str, ...]
+    layers: str  # dotted path from the *ForCausalLM to the ModuleList of decoder layers
+    attention: str  # attribute of a decoder layer
+    input_norm: str  # the block's existing attention-input norm (x̂ = Norm(x))
+
+
+FAMILIES = (
+    Family("gpt_neox", ("gpt_neox",), "gpt_neox.layers", "attention", "input_layernorm"),
+    Family("llama", ("llama", "mistral", "qwen2"), "model.layers", "self_attn", "input_layernorm"),
+    Family("gpt2", ("gpt2",), "transformer.h", "attn", "ln_1"),
+)
+
+
+def supported_model_types() -> list[str]:
+    return [t for f in FAMILIES for t in f.model_types]
+
+
+def family_of(model: nn.Module) -> Family:
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    for family in FAMILIES:
+        if model_type in family.model_types:
+            return family
+    supported = "; ".join(f"{f.name}: {', '.join(f.model_types)}" for f in FAMILIES)
+    raise ValueError(
+        f"preproj does not support model_type {model_type!r} ({type(model).__name__}). "
+        f"Supported families (model_type): {supported}."
+    )
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of a causal LM or of its bare base model."""
+    family = family_of(model)
+    path = family.layers.split(".")
+    for candidate in (path, path[1:]):  # *ForCausalLM, then the bare *Model
+        module = model
+        try:
+            for name in candidate:
+                module = getattr(module, name)
+        except AttributeError:
+            continue
+        if isinstance(module, nn.ModuleList):
+            return module
+    raise ValueError(f"Could not find the decoder layers of {type(model).__name__} at '{family.layers}'.")
+
+
+def hidden_size(model: nn.Module) -> int:
+    return int(model.config.hidden_size)
+
+
+def adapted_layers(model: nn.Module) -> list[tuple[int, PreProjAttention]]:
+    """(layer index, wrapper) for every adapted layer, in layer order."""
+    attn_name = family_of(model).attention
+    return [
+        (i, getattr(layer, attn_name))
+        for i, layer in enumerate(decoder_layers(model))
+        if isinstance(getattr(layer, attn_name), PreProjAttention)
+    ]
+
+
+def is_attached(model: nn.Module) -> bool:
+    return bool(adapted_layers(model))
+
+
+def attach(model: nn.Module, config: PreProjConfig | None = None) -> nn.Module:
+    """Add pre-projection and/or content skip to `model` in place and freeze the base.
+
+    Only the new parameters require grad afterwards. Returns `model`.
+    """
+    config = config or PreProjConfig()
+    family = family_of(model)
+    layers = decoder_layers(model)
+    if is_attached(model):
+        raise ValueError("This model already carries a preproj adapter; call preproj.detach(model) first.")
+    indices = list(range(len(layers))) if config.layers is None else config.layers
+    bad = [i for i in indices if not 0 <= i < len(layers)]
+    if bad:
+        raise ValueError(f"PreProjConfig.layers {bad} out of range: the model has {len(layers)} layers (0..{len(layers) - 1}).")
+
+    model._preproj_requires_grad = {n: p.requires_grad for n, p in model.named_parameters()}
+    model.requires_grad_(False)
+    d = hidden_size(model)
+    for i in indices:
+        attn = getattr(layers[i], family.attention)
+        device = next(attn.parameters()).device
+        setattr(layers[i], family.attention, PreProjAttention(attn, d, config, device=device))
+    model.preproj_config = config
+    return model
+
+
+def detach(model: nn.Module) -> nn.Module:
+    """Remove every added module in place; the base model is exactly as before `attach`."""
+    family = family_of(model)
+    layers = decoder_layers(model)
+    for i, wrapper in adapted_layers(model):
+        setattr(layers[i], family.attention, wrapper.base_layer)
+    flags = getattr(model, "_preproj_requires_grad", None)
+    if flags is not None:
+        for name, param in model.named_parameters():
+            param.requires_grad_(flags.get(name, param.requires_grad))
+        del model._preproj_requires_grad
+    if hasattr(model, "preproj_config"):
+        del model.preproj_config
+    return model
+
+
+def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Adapter tensors only, keyed family-independently: layers.{i}.preproj.{up,down}.weight, layers.{i}.skip.weight."""
+    state = {}
+    for i, wrapper in adapted_layers(model):
+        for name, param in wrapper.named_parameters():
+            if not name.startswith("base_layer."):
+                state[f"layers.{i}.{name}"] = param
+    return state
+
+
+def trainable_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def skip_norms(model: nn.Module) -> list[float]:
+    """||W_skip||_F for each adapted layer, in layer order (PAPER.md §4)."""
+    layers = adapted_layers(model)
+    if not layers:
+        raise ValueError("The model carries no preproj adapter; attach one first.")
+    if layers[0][1].skip is None:
+        raise ValueError(f"The adapter's mode {model.preproj_config.mode!r} has no content skip, so there are no skip norms.")
+    return [float(torch.linalg.matrix_norm(w.skip.weight.detach().float())) for _, w in layers]

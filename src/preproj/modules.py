@@ -1,0 +1,83 @@
+"""The two modules of PAPER.md §1 and the wrapper that puts them around an attention layer.
+
+    x̂  = Norm(x)                                 the block's own attention-input norm
+    x̃  = x̂ + W_down · act(W_up · x̂)             pre-projection, before Q/K/V (and before RoPE)
+    out = x + attn(x̃) + W_skip · x̃              content skip, added to the attention output
+
+Adding the skip term to the attention module's output is exact for sequential blocks
+(x + attn_out) and for parallel-residual blocks (x + attn_out + mlp_out) alike.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import PreProjConfig
+
+_ACTIVATIONS = {"silu": nn.SiLU, "gelu": nn.GELU, "relu": nn.ReLU}
+
+
+class PreProjection(nn.Module):
+    """x̃ = x̂ + W_down · act(W_up · x̂): a residual MLP, position-agnostic, no bias."""
+
+    def __init__(self, d: int, hidden: int, activation: str = "silu", dtype: torch.dtype = torch.float32, device=None):
+        super().__init__()
+        self.up = nn.Linear(d, hidden, bias=False, dtype=dtype, device=device)  # (hidden, d)
+        self.act = _ACTIVATIONS[activation]()
+        self.down = nn.Linear(hidden, d, bias=False, dtype=dtype, device=device)  # (d, hidden)
+
+    def forward(self, x_hat: torch.Tensor) -> torch.Tensor:  # (B, T, d) -> (B, T, d)
+        # Adapter weights may be fp32 masters on a bf16 base: compute in the adapter's dtype
+        # (autocast still picks the matmul dtype) and hand the base its own dtype back.
+        delta = self.down(self.act(self.up(x_hat.to(self.up.weight.dtype))))
+        return x_hat + delta.to(x_hat.dtype)
+
+
+class PreProjAttention(nn.Module):
+    """Wraps a model's attention module; the original stays intact as `base_layer`.
+
+    The wrapper never depends on the attention's signature: it takes `hidden_states` (the
+    keyword, else the first positional argument), replaces it by x̃ and passes everything
+    else through untouched. K and V are computed by the base layer from x̃ with the base
+    shapes, so the K/V cache is exactly the base model's.
+    """
+
+    def __init__(self, base_layer: nn.Module, d: int, config: PreProjConfig, device=None):
+        super().__init__()
+        self.base_layer = base_layer
+        dtype = config.torch_dtype
+        self.preproj = (
+            PreProjection(d, config.hidden_width(d), config.activation, dtype=dtype, device=device)
+            if config.use_preproj
+            else None
+        )
+        self.skip = nn.Linear(d, d, bias=False, dtype=dtype, device=device) if config.use_skip else None  # (d, d)
+        self.reset_parameters(config)
+
+    @torch.no_grad()
+    def reset_parameters(self, config: PreProjConfig) -> None:
+        if self.preproj is not None:
+            nn.init.normal_(self.preproj.up.weight, std=config.preproj_init_std)
+            nn.init.normal_(self.preproj.down.weight, std=config.preproj_init_std)
+        if self.skip is not None:
+            nn.init.normal_(self.skip.weight, std=config.skip_init_std)
+
+    def forward(self, *args, **kwargs):
+        if "hidden_states" in kwargs:
+            x_hat = kwargs["hidden_states"]
+        elif args:
+            x_hat = args[0]
+        else:
+            raise TypeError(f"{type(self.base_layer).__name__} was called without hidden_states.")
+        x_tilde = self.preproj(x_hat) if self.preproj is not None else x_hat
+        if "hidden_states" in kwargs:
+            kwargs["hidden_states"] = x_tilde
+        else:
+            args = (x_tilde, *args[1:])
+        out = self.base_layer(*args, **kwargs)
+        if self.skip is None:
+            return out
+        attn_out = out[0] if isinstance(out, tuple) else out  # (B, T, d)
+        attn_out = attn_out + self.skip(x_tilde.to(self.skip.weight.dtype)).to(attn_out.dtype)
+        return (attn_out, *out[1:]) if isinstance(out, tuple) else attn_out

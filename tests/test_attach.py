@@ -1,0 +1,219 @@
+"""attach / detach on tiny models of every family: counts, exactness, K/V cache, gradients."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import transformers
+
+from preproj import PreProjConfig, attach, detach, skip_norms, trainable_parameters
+from preproj.attach import adapted_layers, adapter_state_dict
+
+from conftest import VOCAB, input_ids, tiny_model
+
+MODES = ["preproj", "skip", "preproj+skip"]
+
+
+def set_adapter(model, fill: str, std: float = 0.05, seed: int = 3) -> None:
+    """'zero': W_down and W_skip to 0 (an exact no-op); 'random': non-trivial weights."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, w in adapted_layers(model):
+            for name, p in w.named_parameters():
+                if name.startswith("base_layer."):
+                    continue
+                if fill == "zero" and name in ("preproj.down.weight", "skip.weight"):
+                    p.zero_()
+                elif fill == "random":
+                    p.copy_(torch.randn(p.shape, generator=g) * std)
+
+
+def logits(model, ids=None):
+    with torch.no_grad():
+        return model(input_ids if ids is None else ids).logits
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_trainable_count_matches_formula_and_base_is_frozen(family, mode):
+    model = tiny_model(family)
+    d, n = model.config.hidden_size, model.config.num_hidden_layers
+    attach(model, PreProjConfig(mode=mode))
+    per_layer = {"preproj": 2 * d * int(1.25 * d), "skip": d * d, "preproj+skip": 2 * d * int(1.25 * d) + d * d}[mode]
+    assert trainable_parameters(model) == n * per_layer
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {f"{name}" for name, _ in model.named_parameters() if ".preproj." in name or name.endswith(".skip.weight")}
+    assert all(".base_layer." not in name for name in trainable)
+
+
+def test_layer_subset_and_expansion(family):
+    model = tiny_model(family)
+    d = model.config.hidden_size
+    attach(model, PreProjConfig(layers=[0, 1], expansion=2.0, activation="gelu"))
+    assert [i for i, _ in adapted_layers(model)] == [0, 1]
+    assert trainable_parameters(model) == 2 * (2 * d * 2 * d + d * d)
+
+
+def test_bad_layer_index_and_double_attach():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="out of range"):
+        attach(model, PreProjConfig(layers=[0, 7]))
+    attach(model, PreProjConfig())
+    with pytest.raises(ValueError, match="already carries"):
+        attach(model, PreProjConfig())
+
+
+def test_unsupported_family_lists_supported():
+    config = transformers.OPTConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, ffn_dim=64,
+                                    num_attention_heads=2, word_embed_proj_dim=32)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with pytest.raises(ValueError, match=r"does not support model_type 'opt'.*gpt_neox.*llama.*mistral.*qwen2.*gpt2"):
+        attach(model, PreProjConfig())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_zeroed_output_weights_are_an_exact_noop(family, mode):
+    model = tiny_model(family)
+    ids = input_ids()
+    base = logits(model, ids)
+    attach(model, PreProjConfig(mode=mode))
+    set_adapter(model, "zero")
+    assert torch.equal(logits(model, ids), base)
+
+
+def test_zeroed_adapter_exact_on_bf16_base_with_fp32_masters(family):
+    model = tiny_model(family, dtype=torch.bfloat16)
+    ids = input_ids()
+    base = logits(model, ids)
+    attach(model, PreProjConfig())
+    assert all(p.dtype == torch.float32 for p in adapter_state_dict(model).values())
+    set_adapter(model, "zero")
+    assert torch.equal(logits(model, ids), base)
+
+
+def test_paper_init_is_close_to_base_but_not_equal(family):
+    model = tiny_model(family)
+    ids = input_ids()
+    base = logits(model, ids)
+    attach(model, PreProjConfig())
+    adapted = logits(model, ids)
+    assert not torch.equal(adapted, base)
+    # Near, not at, the baseline (PAPER.md §1): a small relative change of the logits.
+    assert torch.linalg.vector_norm(adapted - base) < 0.1 * torch.linalg.vector_norm(base - base.mean())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_generation_with_kv_cache_matches_without(family, mode):
+    model = tiny_model(family)
+    ids = input_ids(batch=2, length=6)
+    base_logits = logits(model, ids)
+    attach(model, PreProjConfig(mode=mode))
+    set_adapter(model, "random")
+    assert (logits(model, ids) - base_logits).abs().max() > 1e-2  # the adapter really acts
+
+    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_logits=True)
+    with torch.no_grad():
+        cached = model.generate(ids, use_cache=True, **kwargs)
+        uncached = model.generate(ids, use_cache=False, **kwargs)
+    assert torch.equal(cached.sequences, uncached.sequences)
+    for a, b in zip(cached.logits, uncached.logits):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def _cache_tensors(model, ids):
+    with torch.no_grad():
+        out = model(ids, use_cache=True)
+    cache = getattr(out, "cache", None) or out.past_key_values
+    return [t for layer in cache.layers for t in (layer.keys, layer.values)]
+
+
+def test_kv_cache_has_exactly_the_base_shapes_dtypes_and_bytes(family):
+    base = tiny_model(family)
+    ids = input_ids(batch=3, length=10)
+    base_cache = _cache_tensors(base, ids)
+    adapted = attach(copy.deepcopy(base), PreProjConfig())
+    set_adapter(adapted, "random")
+    adapted_cache = _cache_tensors(adapted, ids)
+    assert len(base_cache) == len(adapted_cache) == 2 * base.config.num_hidden_layers
+    for b, a in zip(base_cache, adapted_cache):
+        assert (a.shape, a.dtype, a.nbytes) == (b.shape, b.dtype, b.nbytes)
+        assert not torch.equal(a, b)  # computed from x̃, not x̂
+
+
+def test_detach_restores_the_base_exactly(family):
+    model = tiny_model(family)
+    model.lm_head.weight.requires_grad_(False)  # a user's own freezing survives attach/detach
+    ids = input_ids()
+    names_before = [n for n, _ in model.named_parameters()]
+    grad_flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    state_before = {k: v.clone() for k, v in model.state_dict().items()}
+    base = logits(model, ids)
+    attach(model, PreProjConfig())
+    set_adapter(model, "random")
+    detach(model)
+    assert torch.equal(logits(model, ids), base)
+    assert [n for n, _ in model.named_parameters()] == names_before
+    assert {n: p.requires_grad for n, p in model.named_parameters()} == grad_flags
+    assert all(torch.equal(v, state_before[k]) for k, v in model.state_dict().items())
+    assert not hasattr(model, "preproj_config")
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_one_backward_step_changes_every_adapter_parameter(family, checkpointing):
+    model = tiny_model(family)
+    attach(model, PreProjConfig())
+    if checkpointing:
+        model.activation_checkpointing_enable()
+    model.train()
+    calls = []
+    adapted_layers(model)[0][1].register_forward_hook(lambda *_: calls.append(1))
+    params = adapter_state_dict(model)
+    before = {k: p.detach().clone() for k, p in params.items()}
+    base_before = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    optimizer = torch.optim.AdamW(params.values(), lr=1e-3)
+    ids = input_ids(batch=2, length=16)
+    model(ids, labels=ids).loss.backward()
+    assert len(calls) == (2 if checkpointing else 1)  # checkpointing recomputes the layer in backward
+    for key, p in params.items():
+        assert p.grad is not None and p.grad.abs().sum() > 0, key
+    optimizer.step()
+    for key, p in params.items():
+        assert not torch.equal(p, before[key]), key
+    assert all(torch.equal(p, base_before[n]) for n, p in model.named_parameters() if not p.requires_grad)
+
+
+def test_skip_norms_one_per_adapted_layer_in_order():
+    model = tiny_model("llama")
+    attach(model, PreProjConfig(layers=[0, 2]))
+    with torch.no_grad():
+        for k, (_, w) in enumerate(adapted_layers(model)):
+            w.skip.weight.fill_(k + 1.0)
+    d = model.config.hidden_size
+    assert skip_norms(model) == pytest.approx([1.0 * d, 2.0 * d])  # ||c·1||_F = c·d for a d×d matrix
+    preproj_only = attach(tiny_model("llama"), PreProjConfig(mode="preproj"))
+    with pytest.raises(ValueError, match="no content skip"):
+        skip_norms(preproj_only)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_attention_sees_normed_input_only_in_skip_mode(family, mode):
+    """'skip' feeds attention x̂ itself; the pre-projection modes feed it x̃ != x̂."""
+    from preproj.attach import decoder_layers, family_of
+
+    model = tiny_model(family)
+    attach(model, PreProjConfig(mode=mode))
+    layer = decoder_layers(model)[0]
+    seen = {}
+
+    def norm_hook(module, args, out):
+        seen["x_hat"] = out
+
+    def attention_hook(module, args, kwargs):
+        seen["attn_in"] = kwargs.get("hidden_states", args[0] if args else None)
+
+    getattr(layer, family_of(model).input_norm).register_forward_hook(norm_hook)
+    adapted_layers(model)[0][1].base_layer.register_forward_pre_hook(attention_hook, with_kwargs=True)
+    with torch.no_grad():
+        model(input_ids(batch=1, length=5))
+    assert torch.equal(seen["attn_in"], seen["x_hat"]) == (mode == "skip")
