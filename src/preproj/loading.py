@@ -86,15 +86,20 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = torch.fl
 
     path = _dequantised_checkpoint(name) if name in EMBEDDED else name
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype))
-    except OSError as e:
-        hint = (
-            f"{name!r} is not a local directory, and it is not in the Hugging Face cache or the Hub is unreachable. "
-            f"Download it where there is network (`hf download {name}`) and copy the cache, pass a local directory "
-            f"holding config.json and the weights, or use the embedded default {DEFAULT_MODEL!r}."
-        )
-        raise ModelLoadError(f"Could not load model {name!r}: {hint}\n(transformers said: {str(e).splitlines()[0]})") from None
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        said = f"(transformers said: {str(e).strip().splitlines()[0]})"
+        if Path(name).is_dir():
+            raise ModelLoadError(
+                f"Could not load a model from directory {name!r}: it needs config.json, the weights (*.safetensors) "
+                f"and the tokenizer files (tokenizer.json). {said}"
+            ) from None
+        raise ModelLoadError(
+            f"Could not load model {name!r}: it is not a local directory, and it is not in the Hugging Face cache or "
+            f"the Hub is unreachable. Download it where there is network (`hf download {name}`) and copy the cache "
+            f"over, pass a local directory, or use the embedded default {DEFAULT_MODEL!r}. {said}"
+        ) from None
     if name in EMBEDDED:
         model.config._name_or_path = name
     if tokenizer.pad_token is None:

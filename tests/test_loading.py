@@ -1,0 +1,110 @@
+"""load_model: the embedded SmolLM2 (integration), local directories, and clear errors."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from preproj import PreProjConfig, attach, detach, load_adapter, load_model, save_adapter, trainable_parameters
+from preproj.attach import adapter_state_dict
+from preproj.loading import ModelLoadError
+
+from conftest import tiny_model
+from test_attach import set_adapter
+
+
+def test_local_directory_loads_through_automodel(tmp_path, smollm2):
+    _, tokenizer = smollm2
+    model = tiny_model("llama")
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded, _ = load_model(str(tmp_path))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
+
+
+def test_directory_without_weights_says_what_is_missing(tmp_path):
+    with pytest.raises(ModelLoadError, match="needs config.json, the weights"):
+        load_model(str(tmp_path))
+
+
+def test_unknown_hub_id_offline_says_what_to_do(monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read at import; no network here anyway
+    start = time.monotonic()
+    with pytest.raises(ModelLoadError, match="hf download"):
+        load_model("preproj-tests/no-such-model")
+    assert time.monotonic() - start < 60
+
+
+@pytest.mark.integration
+def test_embedded_model_is_a_plain_trainable_llama(smollm2):
+    model, tokenizer = smollm2
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert (model.config.hidden_size, model.config.num_hidden_layers) == (576, 30)
+    assert (model.config.num_attention_heads, model.config.num_key_value_heads) == (9, 3)
+    assert getattr(model, "hf_quantizer", None) is None and not getattr(model, "is_quantized", False)
+    assert getattr(model.config, "quantization_config", None) is None
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=3, do_sample=False)
+    assert "Paris" in tokenizer.decode(out[0, ids.shape[1]:])
+
+
+@pytest.mark.integration
+def test_embedded_model_counts_match_the_paper_table(smollm2):
+    model, _ = smollm2
+    base_params = sum(p.numel() for p in model.parameters())
+    attach(model, PreProjConfig())
+    try:
+        added = trainable_parameters(model)
+        assert added == 30 * (2 * 576 * 720 + 576 * 576) == 34_836_480  # PAPER.md §1: 34.8M
+        assert round(100 * added / (base_params + added), 1) == 20.6
+    finally:
+        detach(model)
+
+
+@pytest.mark.integration
+def test_embedded_model_exact_noop_cache_round_trip_and_detach(smollm2, tmp_path):
+    model, tokenizer = smollm2
+    ids = tokenizer(["In my palm is a clear stone, and inside it"], return_tensors="pt").input_ids
+    with torch.no_grad():
+        base_out = model(ids, use_cache=True)
+    base_cache = [(t.shape, t.dtype, t.nbytes) for layer in base_out.cache.layers for t in (layer.keys, layer.values)]
+
+    attach(model, PreProjConfig())
+    try:
+        set_adapter(model, "zero")
+        with torch.no_grad():
+            assert torch.equal(model(ids).logits, base_out.logits)
+        set_adapter(model, "random", std=0.02)
+        with torch.no_grad():
+            adapted_out = model(ids, use_cache=True)
+        assert (adapted_out.logits - base_out.logits).abs().max() > 0.1
+        cache = [(t.shape, t.dtype, t.nbytes) for layer in adapted_out.cache.layers for t in (layer.keys, layer.values)]
+        assert cache == base_cache
+
+        kwargs = dict(max_new_tokens=6, do_sample=False, return_dict_in_generate=True, output_logits=True)
+        with torch.no_grad():
+            cached = model.generate(ids, use_cache=True, **kwargs)
+            uncached = model.generate(ids, use_cache=False, **kwargs)
+        assert torch.equal(cached.sequences, uncached.sequences)
+        for a, b in zip(cached.logits, uncached.logits):
+            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+
+        save_adapter(model, tmp_path)
+        saved = {k: v.detach().clone() for k, v in adapter_state_dict(model).items()}
+    finally:
+        detach(model)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, base_out.logits)
+
+    load_adapter(model, tmp_path)
+    try:
+        assert all(torch.equal(v, saved[k]) for k, v in adapter_state_dict(model).items())
+        with torch.no_grad():
+            assert torch.equal(model(ids).logits, adapted_out.logits)
+    finally:
+        detach(model)
