@@ -15,7 +15,12 @@ def _add_dataclass_args(parser: argparse.ArgumentParser, cls) -> None:
     docs = _field_docs(cls)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
-        parser.add_argument(flag, type=type(f.default), default=f.default, help=f"{docs.get(f.name, '')} (default: {f.default})")
+        kind = {"int | None": int, "str | None": str, "float | None": float}.get(str(f.type), type(f.default))
+        parser.add_argument(flag, type=kind, default=f.default, help=f"{docs.get(f.name, '')} (default: {f.default})")
+
+
+def _args(ns: argparse.Namespace, cls):
+    return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
 
 
 def _field_docs(cls) -> dict[str, str]:
@@ -36,7 +41,7 @@ def _inspect(ns: argparse.Namespace) -> int:
     from .inspection import InspectArgs, format_report, inspect_model
     from .loading import load_model
 
-    args = InspectArgs(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(InspectArgs)})
+    args = _args(ns, InspectArgs)
     start = time.monotonic()
     print(f"loading {args.model} ...", file=sys.stderr)
     model, tokenizer = load_model(args.model)
@@ -53,7 +58,58 @@ def _inspect(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _load(model_name: str, adapter: str | None):
+    from .adapter import load_adapter
+    from .loading import load_model
+
+    print(f"loading {model_name}" + (f" + adapter {adapter}" if adapter else "") + " ...", file=sys.stderr)
+    model, tokenizer = load_model(model_name)
+    if adapter:
+        load_adapter(model, adapter)
+    return model, tokenizer
+
+
+def _eval(ns: argparse.Namespace) -> int:
+    from .evaluation import EvalArgs, evaluate, format_results, parse_tasks
+
+    args = _args(ns, EvalArgs)
+    parse_tasks(args.tasks)  # fail on a typo before loading anything
+    start = time.monotonic()
+    model, tokenizer = _load(args.model, args.adapter)
+    results = evaluate(model, tokenizer, args.tasks, protocol=args.protocol, limit=args.limit, data_dir=args.data_dir,
+                       max_length=args.max_length, batch_tokens=args.batch_tokens, precision=args.precision,
+                       model_name=args.model, adapter=args.adapter)
+    print(format_results(results))
+    if args.out:
+        write_json(args.out, results)
+        print(f"wrote {args.out}")
+    headline = ", ".join(
+        f"{task} {key} {m[key]:.4g}" for task, m in results["tasks"].items()
+        for key in ("acc_norm" if "acc_norm" in m else "acc", "word_perplexity", "perplexity") if key in m
+    )
+    print(f"summary: {headline} ({time.monotonic() - start:.0f}s)")
+    return 0
+
+
+def _harness(ns: argparse.Namespace) -> int:
+    from .harness import run_harness
+
+    start = time.monotonic()
+    model, tokenizer = _load(ns.model, ns.adapter)
+    results = run_harness(model, tokenizer, ns.tasks.split(","), limit=ns.limit, batch_size=ns.batch_size,
+                          include_path=ns.include_path, num_fewshot=ns.num_fewshot)
+    from lm_eval.utils import make_table
+
+    print(make_table(results))
+    if ns.out:
+        write_json(ns.out, {"model": ns.model, "adapter": ns.adapter, "results": results["results"]})
+        print(f"wrote {ns.out}")
+    print(f"summary: {len(results['results'])} harness task(s) in {time.monotonic() - start:.0f}s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .evaluation import EvalArgs
     from .inspection import InspectArgs
 
     parser = argparse.ArgumentParser(prog="preproj", description=__doc__)
@@ -62,17 +118,33 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dataclass_args(p, InspectArgs)
     p.add_argument("--out", default=None, help="Also write the report as JSON to this path.")
     p.set_defaults(run=_inspect)
+
+    p = sub.add_parser("eval", help="LAMBADA, WikiText, HellaSwag, ARC-Easy: harness-exact or paper protocol.")
+    _add_dataclass_args(p, EvalArgs)
+    p.set_defaults(run=_eval)
+
+    p = sub.add_parser("harness", help="Run any lm-evaluation-harness task on a (possibly adapted) model (needs lm-eval).")
+    p.add_argument("--model", default="smollm2-135m", help="Embedded name, hub id or local directory.")
+    p.add_argument("--adapter", default=None, help="Directory of a saved adapter to load onto the model.")
+    p.add_argument("--tasks", required=True, help="Comma-separated lm-eval task names.")
+    p.add_argument("--limit", type=int, default=None, help="First N items of each task.")
+    p.add_argument("--num-fewshot", type=int, default=None, help="Few-shot examples (task default if omitted).")
+    p.add_argument("--batch-size", type=int, default=8, help="lm-eval batch size.")
+    p.add_argument("--include-path", default=None, help="Directory of extra lm-eval task YAMLs.")
+    p.add_argument("--out", default=None, help="Write the harness results as JSON to this path.")
+    p.set_defaults(run=_harness)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     from .adapter import AdapterError
+    from .data import DataNotFound
     from .loading import ModelLoadError
 
     ns = build_parser().parse_args(argv)
     try:
         return ns.run(ns)
-    except (ModelLoadError, AdapterError, ValueError) as e:
+    except (ModelLoadError, AdapterError, DataNotFound, ValueError) as e:
         print(f"preproj {ns.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,207 @@
+"""Evaluation and training text: local files laid out as ../shared/data, else the Hugging Face Hub.
+
+Every loader returns plain dicts, already in the shape the harness's task config produces
+(lm-evaluation-harness 0.4.x: lambada_openai, wikitext, hellaswag, arc_easy).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+DATA_ENV = "PREPROJ_DATA_DIR"
+
+# task -> file (relative to the data dir) and the hub data set that holds the same items
+LOCAL_FILES = {
+    "lambada": "lambada/lambada_test.jsonl",
+    "wikitext": "wikitext-2-raw/wiki.test.raw",
+    "wikitext_valid": "wikitext-2-raw/wiki.valid.raw",
+    "hellaswag": "hellaswag/hellaswag_val_subset1000.jsonl",
+    "hellaswag_full": "hellaswag/hellaswag_val_full.txt",
+    "arc_easy": "arc/ARC-Easy-Test.jsonl",
+    "arc_easy_validation": "arc/ARC-Easy-Dev.jsonl",
+    "wikitext2_train_tokens": "wikitext-2/wiki.train.tokens.xz",
+}
+HUB_SOURCES = {
+    "lambada": ("EleutherAI/lambada_openai", "default", "test"),
+    "wikitext": ("EleutherAI/wikitext_document_level", "wikitext-2-raw-v1", "test"),
+    "wikitext_valid": ("Salesforce/wikitext", "wikitext-103-raw-v1", "validation"),
+    "hellaswag": ("Rowan/hellaswag", None, "validation"),
+    "arc_easy": ("allenai/ai2_arc", "ARC-Easy", "test"),
+    "arc_easy_validation": ("allenai/ai2_arc", "ARC-Easy", "validation"),
+}
+HELLASWAG_FULL_NOTE = (
+    "hellaswag_full uses llama.cpp's text format of all 10,042 items; its preprocessing differs slightly from the "
+    "harness's (first letter of ctx_b not capitalised, a leading space left on 134/4000 endings), so scores match "
+    "llama.cpp's HellaSwag, not the harness's to the decimal."
+)
+
+
+class DataNotFound(FileNotFoundError):
+    """A named data set that is neither in the data directory nor reachable on the Hub."""
+
+
+def resolve_data_dir(explicit: str | os.PathLike | None = None) -> Path | None:
+    """--data-dir, else $PREPROJ_DATA_DIR, else None (then the Hub is tried)."""
+    value = explicit or os.environ.get(DATA_ENV)
+    return Path(value) if value else None
+
+
+def _local(name: str, data_dir: Path | None) -> Path | None:
+    if data_dir is None:
+        return None
+    path = data_dir / LOCAL_FILES[name]
+    return path if path.is_file() else None
+
+
+def _hub(name: str, data_dir: Path | None):
+    source = HUB_SOURCES.get(name)
+    where = f"{data_dir / LOCAL_FILES[name]}" if data_dir else f"$PREPROJ_DATA_DIR/{LOCAL_FILES[name]}"
+    advice = (
+        f"Data set {name!r} not found: no file {where}. Pass --data-dir (or set {DATA_ENV}) to a directory laid out "
+        f"like ../shared/data (see its README)"
+    )
+    if source is None:
+        raise DataNotFound(advice + ".")
+    try:
+        import datasets
+    except ImportError:
+        raise DataNotFound(advice + f", or `pip install datasets` and go online to fetch {source[0]}.") from None
+    try:
+        return datasets.load_dataset(source[0], source[1], split=source[2])
+    except Exception as e:  # offline, unknown repo, ...: the same advice either way
+        raise DataNotFound(advice + f", or go online so `datasets` can fetch {source[0]} ({type(e).__name__}).") from None
+
+
+def _jsonl(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+# --- LAMBADA -------------------------------------------------------------------------------------
+
+def lambada(data_dir: Path | None = None) -> list[dict]:
+    """[{'text'}]: the OpenAI detokenised test set (lambada_openai), 5153 passages."""
+    path = _local("lambada", data_dir)
+    rows = _jsonl(path) if path else list(_hub("lambada", data_dir))
+    return [{"text": r["text"]} for r in rows]
+
+
+# --- WikiText ------------------------------------------------------------------------------------
+
+def _is_article_title(line: str) -> bool:
+    # " = Title = " starts an article; " = = Section = = " (level 2+) does not.
+    squeezed = line.replace("= = =", "===").replace("= =", "==").strip()
+    return squeezed.startswith("= ") and squeezed.endswith(" =")
+
+
+def split_articles(raw: str) -> list[str]:
+    """Split raw WikiText into articles at level-1 headings, as EleutherAI/wikitext_document_level does."""
+    pages, current = [], []
+    for line in raw.split("\n"):
+        if _is_article_title(line):
+            page = "\n".join(current)
+            if page.strip():
+                pages.append(page)
+            current = []
+        current.append(line)
+    pages.append("\n".join(current))
+    return pages
+
+
+def wikitext_documents(data_dir: Path | None = None) -> list[dict]:
+    """[{'page'}]: WikiText-2 raw test, one document per article (62 of them)."""
+    path = _local("wikitext", data_dir)
+    if path:
+        return [{"page": p} for p in split_articles(path.read_text(encoding="utf-8"))]
+    return [{"page": r["page"]} for r in _hub("wikitext", data_dir)]
+
+
+def wikitext_lines(split: str = "valid", data_dir: Path | None = None) -> list[str]:
+    """Raw WikiText lines (valid = WikiText-2/103 raw validation, which are the same articles)."""
+    name = "wikitext_valid" if split == "valid" else "wikitext"
+    path = _local(name, data_dir)
+    if path:
+        return path.read_text(encoding="utf-8").split("\n")
+    if name == "wikitext":
+        return "\n".join(r["page"] for r in _hub(name, data_dir)).split("\n")
+    return [r["text"] for r in _hub(name, data_dir)]
+
+
+def wikitext_detokenize(text: str) -> str:
+    """The harness's wikitext detokenizer (lm_eval/tasks/wikitext/preprocess_wikitext.py)."""
+    s = text.replace("s '", "s'")
+    s = re.sub(r"/' [0-9]/", r"/'[0-9]/", s)
+    for a, b in ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."), (" : ", ": "), (" ; ", "; "), (" . ", ". "),
+                 (" ! ", "! "), (" ? ", "? "), (" , ", ", ")):
+        s = s.replace(a, b)
+    s = re.sub(r"\(\s*([^\)]*?)\s*\)", r"(\1)", s)
+    s = re.sub(r"\[\s*([^\]]*?)\s*\]", r"[\1]", s)
+    s = re.sub(r"{\s*([^}]*?)\s*}", r"{\1}", s)
+    s = re.sub(r"\"\s*([^\"]*?)\s*\"", r'"\1"', s)
+    s = re.sub(r"'\s*([^']*?)\s*'", r"'\1'", s)
+    for a, b in (("= = = =", "===="), ("= = =", "==="), ("= =", "=="), (" \u00b0 ", "\u00b0"), (" \n", "\n"),
+                 ("\n ", "\n"), (" N ", " 1 "), (" 's", "'s")):
+        s = s.replace(a, b)
+    return s
+
+
+# --- HellaSwag -----------------------------------------------------------------------------------
+
+def hellaswag_preprocess(text: str) -> str:
+    """The harness's HellaSwag cleaning: WikiHow [title]/[step] artefacts out, double spaces collapsed."""
+    text = text.strip().replace(" [title]", ". ")
+    text = re.sub(r"\[.*?\]", "", text)
+    return text.replace("  ", " ")
+
+
+def _hellaswag_doc(r: dict) -> dict:
+    ctx = r["ctx_a"] + " " + r["ctx_b"].capitalize()
+    return {
+        "query": hellaswag_preprocess(r["activity_label"] + ": " + ctx),
+        "choices": [hellaswag_preprocess(e) for e in r["endings"]],
+        "gold": int(r["label"]),
+        "raw_ctx": r["ctx"],  # the paper protocol scores raw ctx + " " + ending
+        "raw_endings": list(r["endings"]),
+    }
+
+
+def hellaswag(data_dir: Path | None = None, full: bool = False) -> list[dict]:
+    """[{'query','choices','gold','raw_ctx','raw_endings'}]; full=True reads llama.cpp's 10,042-item file."""
+    if full:
+        path = _local("hellaswag_full", data_dir)
+        if path is None:
+            raise DataNotFound(f"hellaswag_full needs {LOCAL_FILES['hellaswag_full']} in the data directory.")
+        lines = path.read_text(encoding="utf-8").split("\n")
+        docs = []
+        for i in range(0, len(lines) - 5, 6):
+            query, gold, endings = lines[i], int(lines[i + 1]), lines[i + 2 : i + 6]
+            docs.append({"query": query, "choices": endings, "gold": gold, "raw_ctx": query, "raw_endings": endings})
+        return docs
+    path = _local("hellaswag", data_dir)
+    rows = _jsonl(path) if path else list(_hub("hellaswag", data_dir))
+    return [_hellaswag_doc(r) for r in rows]
+
+
+# --- ARC-Easy ------------------------------------------------------------------------------------
+
+def arc_easy(data_dir: Path | None = None, split: str = "test") -> list[dict]:
+    """[{'question','choices','gold'}] from AI2's JSONL (test = harness arc_easy, validation = the paper's)."""
+    name = "arc_easy" if split == "test" else "arc_easy_validation"
+    path = _local(name, data_dir)
+    if path:
+        rows = _jsonl(path)
+        return [
+            {
+                "question": r["question"]["stem"],
+                "choices": [c["text"] for c in r["question"]["choices"]],
+                "gold": [c["label"] for c in r["question"]["choices"]].index(r["answerKey"]),
+            }
+            for r in rows
+        ]
+    return [
+        {"question": r["question"], "choices": list(r["choices"]["text"]), "gold": list(r["choices"]["label"]).index(r["answerKey"])}
+        for r in _hub(name, data_dir)
+    ]

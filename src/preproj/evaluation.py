@@ -1,0 +1,372 @@
+"""`preproj eval`: LAMBADA, WikiText, HellaSwag and ARC-Easy under two named protocols.
+
+protocol "harness" (default): the metric definitions of lm-evaluation-harness 0.4.x (lambada_openai,
+wikitext, hellaswag, arc_easy), including its tokenisation of (context, continuation) pairs and its
+rolling windows for perplexity. protocol "paper": the definitions of PAPER.md §2.
+
+All scoring goes through one batched log-likelihood routine. It runs the decoder once per batch and
+applies the LM head only at the positions that are scored, in chunks, so no (B, T, vocab) tensor of
+logits is ever built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from . import data as datasets
+from .attach import supported_model_types
+
+TASKS = ("lambada", "wikitext", "hellaswag", "arc_easy")
+EXTRA_TASKS = ("hellaswag_full",)
+PROTOCOLS = ("harness", "paper")
+PAPER_LIMIT = 500  # PAPER.md §2: the first 500 items of each task
+PAPER_MAX_TOKENS = 512
+
+
+@dataclass
+class EvalArgs:
+    """Arguments of `preproj eval`."""
+
+    model: str = "smollm2-135m"
+    """Embedded name, Hugging Face hub id or local directory."""
+    adapter: str | None = None
+    """Directory of a saved adapter to load onto the model (None: the base model)."""
+    tasks: str = ",".join(TASKS)
+    """Comma-separated tasks: lambada, wikitext, hellaswag, arc_easy (hellaswag_full: llama.cpp's 10,042 items)."""
+    protocol: str = "harness"
+    """'harness' (lm-evaluation-harness 0.4.x definitions) or 'paper' (PAPER.md §2)."""
+    limit: int | None = None
+    """Take the first N items of each task (the paper protocol defaults to 500)."""
+    data_dir: str | None = None
+    """Directory laid out as ../shared/data; default $PREPROJ_DATA_DIR, else the Hugging Face Hub."""
+    max_length: int | None = None
+    """Longest window scored at once (harness: the model's context length; rolling WikiText windows use it)."""
+    batch_tokens: int = 16384
+    """Token budget of one forward batch (padded length x rows)."""
+    precision: str = "fp32"
+    """'fp32', or 'bf16' (autocast; faster on CPUs with avx512_bf16, not bit-comparable with the harness)."""
+    out: str | None = None
+    """Write the results as JSON to this path."""
+
+
+# --- scoring -------------------------------------------------------------------------------------
+
+class LogLikelihood:
+    """Batched log P(continuation | context) for token-id pairs, as the harness's HFLM computes it."""
+
+    def __init__(self, model: nn.Module, tokenizer, *, max_length: int | None = None, batch_tokens: int = 16384,
+                 precision: str = "fp32", progress: bool = True):
+        self.model, self.tokenizer = model, tokenizer
+        self.max_length = max_length or model_max_length(model, tokenizer)
+        self.batch_tokens, self.progress = batch_tokens, progress
+        if precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}.")
+        self.precision = precision
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT wrapper
+        self.body, self.head = base.base_model, base.get_output_embeddings()
+        # Families we know end the body with the final norm and apply the head plainly; for anything
+        # else fall back to the model's own logits (slower, but never wrong).
+        self.fast = base.config.model_type in supported_model_types() and self.body is not base
+        self.prefix_token_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """The harness's split: trailing spaces of the context move to the continuation; the pair is
+        tokenised whole and the continuation is what follows the context's own tokens."""
+        if not context:
+            return [self.prefix_token_id], self.encode(continuation)
+        n_spaces = len(context) - len(context.rstrip())
+        if n_spaces:
+            context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+        whole, ctx = self.encode(context + continuation), self.encode(context)
+        return ctx, whole[len(ctx):]
+
+    def rolling_windows(self, tokens: list[int]) -> list[tuple[list[int], list[int]]]:
+        """Disjoint rolling windows of the harness (context_len=1): every token predicted exactly once."""
+        if not tokens:
+            return []
+        n, max_len = len(tokens), self.max_length
+        first = min(max_len, n)
+        windows = [([self.prefix_token_id] + tokens[: first - 1], tokens[:first])]
+        done = first
+        while done < n:
+            pred = min(n - done, max_len)
+            end = done + pred
+            window = tokens[end - max_len - 1 : end - 1] if end - max_len - 1 >= 0 else tokens[: end - 1]
+            windows.append((window[: len(window) - (pred - 1)], tokens[end - pred : end]))
+            done = end
+        return windows
+
+    def _autocast(self):
+        if self.precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.no_grad()
+    def __call__(self, pairs: list[tuple[list[int], list[int]]], desc: str = "scoring") -> list[tuple[float, bool]]:
+        """(sum of log-probs, all tokens greedy) for each (context ids, continuation ids) pair."""
+        inputs = []
+        for ctx, cont in pairs:
+            if not 0 < len(cont) <= self.max_length:
+                raise ValueError(f"A continuation of {len(cont)} tokens cannot be scored with max_length {self.max_length}.")
+            inputs.append(((ctx + cont)[-(self.max_length + 1):][:-1], cont))  # left-truncated, as the harness
+        order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i][0]))  # longest first, as the harness
+        results: list[tuple[float, bool] | None] = [None] * len(inputs)
+        bar = tqdm(total=len(inputs), desc=desc, disable=not self.progress, leave=False)
+        start = 0
+        while start < len(order):
+            width = len(inputs[order[start]][0])
+            rows = max(1, self.batch_tokens // width)
+            batch = order[start : start + rows]
+            start += len(batch)
+            for i, value in zip(batch, self._score_batch([inputs[i] for i in batch])):
+                results[i] = value
+            bar.update(len(batch))
+        bar.close()
+        return results
+
+    def _score_batch(self, batch: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        width = max(len(inp) for inp, _ in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)  # (B, T), right-padded: causal, so no mask
+        rows, cols, targets, owner = [], [], [], []
+        for b, (inp, cont) in enumerate(batch):
+            ids[b, : len(inp)] = torch.tensor(inp)
+            first = len(inp) - len(cont)  # position whose logits predict cont[0]
+            rows += [b] * len(cont)
+            cols += range(first, len(inp))
+            targets += cont
+            owner += [b] * len(cont)
+        ids = ids.to(self.device)
+        rows_t, cols_t = torch.tensor(rows), torch.tensor(cols)
+        with self._autocast():
+            if self.fast:
+                hidden = self.body(input_ids=ids).last_hidden_state  # (B, T, d)
+                scored = hidden[rows_t, cols_t]  # (N, d)
+            else:
+                logits_all = self.model(input_ids=ids).logits  # (B, T, V)
+                scored = logits_all[rows_t, cols_t]
+            logprob = torch.empty(len(targets))
+            greedy = torch.empty(len(targets), dtype=torch.bool)
+            target_t = torch.tensor(targets, device=self.device)
+            for s in range(0, len(targets), 2048):  # chunks bound the (N, V) logits in memory
+                chunk = scored[s : s + 2048]
+                logits = (self.head(chunk) if self.fast else chunk).float()  # (n, V)
+                lp = torch.log_softmax(logits, dim=-1)
+                t = target_t[s : s + 2048]
+                logprob[s : s + 2048] = lp.gather(1, t[:, None])[:, 0].cpu()
+                greedy[s : s + 2048] = (logits.argmax(-1) == t).cpu()
+        owner_t = torch.tensor(owner)
+        sums = torch.zeros(len(batch), dtype=torch.float64).index_add_(0, owner_t, logprob.double())
+        misses = torch.zeros(len(batch), dtype=torch.long).index_add_(0, owner_t, (~greedy).long())
+        return [(float(sums[b]), bool(misses[b] == 0)) for b in range(len(batch))]
+
+
+def model_max_length(model: nn.Module, tokenizer, default: int = 2048) -> int:
+    """The harness's resolution: config n_positions / max_position_embeddings / n_ctx, then the tokenizer."""
+    for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
+        value = getattr(model.config, attr, None)
+        if value is not None:
+            return int(value)
+    value = getattr(tokenizer, "model_max_length", None)
+    return int(value) if value is not None and value < 10**12 else default
+
+
+# --- statistics ----------------------------------------------------------------------------------
+
+def mean_stderr(values) -> float:
+    """Standard error of a mean (sample std, ddof=1), the harness's mean_stderr."""
+    values = np.asarray(values, dtype=np.float64)
+    return float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else float("nan")
+
+
+def ratio_stderr(numerators, denominators) -> float:
+    """Delta-method standard error of sum(num) / sum(den) over documents (a ratio estimator)."""
+    x, w = np.asarray(numerators, dtype=np.float64), np.asarray(denominators, dtype=np.float64)
+    n = len(x)
+    if n < 2:
+        return float("nan")
+    r = x.sum() / w.sum()
+    return float(math.sqrt(((x - r * w) ** 2).sum() / (n * (n - 1))) / w.mean())
+
+
+# --- tasks ---------------------------------------------------------------------------------------
+
+def _multiple_choice(score: LogLikelihood, docs: list[dict], context_of, choices_of, desc: str, mean_per_token: bool):
+    pairs, spans = [], []
+    for doc in docs:
+        ctx, choices = context_of(doc), choices_of(doc)
+        spans.append((len(pairs), len(choices)))
+        pairs += [score.encode_pair(ctx, " " + c) if not mean_per_token else _paper_pair(score, ctx, " " + c) for c in choices]
+    results = score(pairs, desc=desc)
+    acc, acc_norm = [], []
+    for doc, (start, k) in zip(docs, spans):
+        lls = np.array([results[start + j][0] for j in range(k)])
+        if mean_per_token:  # PAPER.md §2: mean log-prob per continuation token
+            lens = np.array([len(pairs[start + j][1]) for j in range(k)], dtype=np.float64)
+            acc.append(float(np.argmax(lls / lens) == doc["gold"]))
+        else:  # harness: acc on the sum, acc_norm on the sum over the choice's length in characters
+            lens = np.array([float(len(c)) for c in choices_of(doc)])
+            acc.append(float(np.argmax(lls) == doc["gold"]))
+            acc_norm.append(float(np.argmax(lls / lens) == doc["gold"]))
+    out = {"acc": float(np.mean(acc)), "n": len(docs), "acc_stderr": mean_stderr(acc)}
+    if acc_norm:
+        out.update(acc_norm=float(np.mean(acc_norm)), acc_norm_stderr=mean_stderr(acc_norm))
+    return out
+
+
+def _paper_pair(score: LogLikelihood, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """The paper's split: tokenise context + continuation, score what follows the context's tokens."""
+    ctx = score.encode(context)
+    return ctx, score.encode(context + continuation)[len(ctx):]
+
+
+def lambada_harness(score: LogLikelihood, docs: list[dict]) -> dict:
+    pairs = [score.encode_pair(" ".join(d["text"].split(" ")[:-1]), " " + d["text"].split(" ")[-1]) for d in docs]
+    results = score(pairs, desc="lambada")
+    lls, hits = [r[0] for r in results], [float(r[1]) for r in results]
+    ppl = math.exp(-np.mean(lls))
+    return {"acc": float(np.mean(hits)), "perplexity": ppl, "n": len(docs), "acc_stderr": mean_stderr(hits),
+            "perplexity_stderr": ppl * mean_stderr(lls)}
+
+
+def lambada_paper(score: LogLikelihood, docs: list[dict]) -> dict:
+    pairs = []
+    for d in docs:
+        words = d["text"].split(" ")
+        pairs.append((score.encode(" ".join(words[:-1])), score.encode(" " + words[-1])))
+    kept = [p for p in pairs if len(p[0]) + len(p[1]) <= PAPER_MAX_TOKENS]
+    hits = [float(r[1]) for r in score(kept, desc="lambada (paper)")]
+    return {"acc": float(np.mean(hits)), "n": len(kept), "skipped_over_512_tokens": len(pairs) - len(kept),
+            "acc_stderr": mean_stderr(hits)}
+
+
+def wikitext_harness(score: LogLikelihood, docs: list[dict]) -> dict:
+    windows, owner = [], []
+    for i, doc in enumerate(docs):
+        for w in score.rolling_windows(score.encode(datasets.wikitext_detokenize(doc["page"]))):
+            windows.append(w)
+            owner.append(i)
+    results = score(windows, desc="wikitext")
+    doc_ll = np.zeros(len(docs))
+    for i, (ll, _) in zip(owner, results):
+        doc_ll[i] += ll
+    words = np.array([len(re.split(r"\s+", d["page"])) for d in docs], dtype=np.float64)
+    nbytes = np.array([len(d["page"].encode("utf-8")) for d in docs], dtype=np.float64)
+    per_word, per_byte = -doc_ll.sum() / words.sum(), -doc_ll.sum() / nbytes.sum()
+    se_word, se_byte = ratio_stderr(-doc_ll, words), ratio_stderr(-doc_ll, nbytes)
+    return {"word_perplexity": math.exp(per_word), "byte_perplexity": math.exp(per_byte),
+            "bits_per_byte": float(per_byte / math.log(2)), "n": len(docs),
+            "word_perplexity_stderr": math.exp(per_word) * se_word, "byte_perplexity_stderr": math.exp(per_byte) * se_byte,
+            "bits_per_byte_stderr": se_byte / math.log(2), "tokens": int(sum(len(w[1]) for w in windows))}
+
+
+def wikitext_paper(score: LogLikelihood, lines: list[str]) -> dict:
+    pairs = []
+    for line in lines:
+        ids = score.encode(line)[:PAPER_MAX_TOKENS]
+        if len(ids) >= 2:
+            pairs.append((ids[:1], ids[1:]))
+    results = score(pairs, desc="wikitext (paper)")
+    line_loss = [-ll / len(cont) for (ll, _), (_, cont) in zip(results, pairs)]
+    ppl = math.exp(np.mean(line_loss))
+    return {"perplexity": ppl, "n": len(pairs), "perplexity_stderr": ppl * mean_stderr(line_loss)}
+
+
+def run_task(score: LogLikelihood, task: str, protocol: str, limit: int | None, data_dir: Path | None) -> dict:
+    if protocol == "paper" and limit is None:
+        limit = PAPER_LIMIT
+    take = (lambda items: items[:limit]) if limit is not None else (lambda items: items)
+    if task == "lambada":
+        docs = take(datasets.lambada(data_dir))
+        return lambada_harness(score, docs) if protocol == "harness" else lambada_paper(score, docs)
+    if task == "wikitext":
+        if protocol == "harness":
+            return wikitext_harness(score, take(datasets.wikitext_documents(data_dir)))
+        lines = [l for l in datasets.wikitext_lines("valid", data_dir) if len(l.strip()) > 50][:300]
+        return wikitext_paper(score, lines)
+    if task in ("hellaswag", "hellaswag_full"):
+        docs = take(datasets.hellaswag(data_dir, full=task == "hellaswag_full"))
+        if protocol == "harness":
+            return _multiple_choice(score, docs, lambda d: d["query"], lambda d: d["choices"], task, False)
+        return _multiple_choice(score, docs, lambda d: d["raw_ctx"], lambda d: d["raw_endings"], task + " (paper)", True)
+    if task == "arc_easy":
+        if protocol == "harness":
+            docs = take(datasets.arc_easy(data_dir, "test"))
+            return _multiple_choice(score, docs, lambda d: f"Question: {d['question']}\nAnswer:", lambda d: d["choices"],
+                                    "arc_easy", False)
+        docs = take(datasets.arc_easy(data_dir, "validation"))
+        return _multiple_choice(score, docs, lambda d: d["question"], lambda d: d["choices"], "arc_easy (paper)", True)
+    raise ValueError(f"Unknown task {task!r}; choose from {', '.join(TASKS + EXTRA_TASKS)}.")
+
+
+def parse_tasks(tasks: str | list[str]) -> list[str]:
+    names = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) if t.strip()]
+    unknown = [t for t in names if t not in TASKS + EXTRA_TASKS]
+    if unknown or not names:
+        raise ValueError(f"Unknown task(s) {unknown}; choose from {', '.join(TASKS + EXTRA_TASKS)}.")
+    return names
+
+
+def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] = TASKS, *, protocol: str = "harness",
+             limit: int | None = None, data_dir: str | Path | None = None, max_length: int | None = None,
+             batch_tokens: int = 16384, precision: str = "fp32", progress: bool = True,
+             model_name: str | None = None, adapter: str | None = None) -> dict:
+    """Evaluate `model` (adapted or not) and return the results dict that `preproj eval` writes."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}.")
+    names = parse_tasks(tasks)
+    data_dir = datasets.resolve_data_dir(data_dir)
+    score = LogLikelihood(model, tokenizer, max_length=max_length, batch_tokens=batch_tokens, precision=precision,
+                          progress=progress)
+    was_training = model.training
+    model.eval()
+    results, notes, timings = {}, [], {}
+    try:
+        for task in names:
+            start = time.monotonic()
+            results[task] = run_task(score, task, protocol, limit, data_dir)
+            timings[task] = round(time.monotonic() - start, 2)
+            if task == "hellaswag_full":
+                notes.append(datasets.HELLASWAG_FULL_NOTE)
+    finally:
+        model.train(was_training)
+    return {
+        "model": model_name or getattr(model.config, "_name_or_path", None),
+        "adapter": adapter,
+        "protocol": protocol,
+        "tasks": results,
+        "limit": limit if protocol == "harness" or limit is not None else PAPER_LIMIT,
+        "max_length": score.max_length,
+        "precision": precision,
+        "seconds": timings,
+        "notes": notes,
+    }
+
+
+def format_results(r: dict) -> str:
+    lines = [f"{r['model']}" + (f" + adapter {r['adapter']}" if r["adapter"] else "") + f"  (protocol {r['protocol']})",
+             f"{'task':<15} {'metric':<17} {'value':>10} {'± stderr':>10} {'n':>6}"]
+    for task, m in r["tasks"].items():
+        for key, value in m.items():
+            if key in ("n", "tokens", "skipped_over_512_tokens") or key.endswith("_stderr"):
+                continue
+            se = m.get(key + "_stderr")
+            lines.append(f"{task:<15} {key:<17} {value:>10.4f} {('' if se is None else f'{se:.4f}'):>10} {m['n']:>6}")
+    lines += [f"note: {n}" for n in r["notes"]]
+    return "\n".join(lines)

@@ -1,0 +1,73 @@
+"""`preproj eval` (protocol harness) against lm-evaluation-harness itself, on the same model and data.
+
+The harness runs its own HFLM on local copies of the four tasks (preproj.harness.write_local_tasks:
+the stock configs with `dataset_path: json`, the stock helper modules copied from lm_eval).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from preproj import PreProjConfig, attach
+from preproj.evaluation import evaluate
+from preproj.harness import write_local_tasks
+
+from conftest import data_dir
+from test_attach import set_adapter
+
+
+LIMIT = {"lambada": 24, "hellaswag": 16, "arc_easy": 24, "wikitext": 2}
+MAX_LENGTH = 512  # several rolling windows per WikiText document
+
+def run_both(model, tokenizer, include: Path, data: Path) -> tuple[dict, dict]:
+    from preproj.harness import run_harness
+
+    harness = {}
+    for task, limit in LIMIT.items():
+        out = run_harness(model, tokenizer, [f"preproj_{task}"], limit=limit, batch_size=8, include_path=str(include),
+                          max_length=MAX_LENGTH)
+        harness[task] = {k.split(",")[0]: v for k, v in out["results"][f"preproj_{task}"].items() if k.endswith(",none")}
+    ours = {task: evaluate(model, tokenizer, [task], limit=limit, data_dir=data, max_length=MAX_LENGTH,
+                           progress=False)["tasks"][task] for task, limit in LIMIT.items()}
+    return harness, ours
+
+
+def assert_parity(harness: dict, ours: dict) -> None:
+    for task in ("lambada", "hellaswag", "arc_easy"):
+        for metric in ("acc", "acc_norm") if task != "lambada" else ("acc",):
+            assert ours[task][metric] == harness[task][metric], (task, metric, ours[task][metric], harness[task][metric])
+        assert ours[task]["n"] == LIMIT[task]
+    assert ours["lambada"]["perplexity"] == pytest.approx(harness["lambada"]["perplexity"], rel=5e-3)
+    for metric in ("word_perplexity", "byte_perplexity", "bits_per_byte"):
+        assert ours["wikitext"][metric] == pytest.approx(harness["wikitext"][metric], rel=5e-3), metric
+
+
+@pytest.fixture(scope="module")
+def local_tasks(tmp_path_factory):
+    data = data_dir()
+    if data is None:
+        pytest.fail("../shared/data (or $PREPROJ_DATA_DIR) is needed for the parity test.")
+    root = tmp_path_factory.mktemp("harness_tasks")
+    write_local_tasks(root, data, wikitext_docs=LIMIT["wikitext"])
+    return root, data
+
+
+@pytest.mark.integration
+def test_parity_with_lm_eval_on_the_embedded_model(smollm2, local_tasks):
+    model, tokenizer = smollm2
+    harness, ours = run_both(model, tokenizer, *local_tasks)
+    assert_parity(harness, ours)
+
+
+@pytest.mark.integration
+def test_parity_with_lm_eval_on_an_adapted_model(smollm2, local_tasks):
+    model, tokenizer = smollm2
+    adapted = attach(copy.deepcopy(model), PreProjConfig())
+    set_adapter(adapted, "random", std=0.02)
+    harness, ours = run_both(adapted, tokenizer, *local_tasks)
+    assert_parity(harness, ours)
+    base = evaluate(model, tokenizer, ["lambada"], limit=LIMIT["lambada"], data_dir=local_tasks[1], progress=False)
+    assert base["tasks"]["lambada"]["perplexity"] != pytest.approx(ours["lambada"]["perplexity"], rel=1e-2)
