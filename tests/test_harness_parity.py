@@ -40,9 +40,10 @@ def assert_parity(harness: dict, ours: dict) -> None:
         for metric in ("acc", "acc_norm") if task != "lambada" else ("acc",):
             assert ours[task][metric] == harness[task][metric], (task, metric, ours[task][metric], harness[task][metric])
         assert ours[task]["n"] == LIMIT[task]
-    assert ours["lambada"]["perplexity"] == pytest.approx(harness["lambada"]["perplexity"], rel=5e-3)
+    # The issue asks for 0.5%; batching order aside the computation is the same, so hold it to 1e-4.
+    assert ours["lambada"]["perplexity"] == pytest.approx(harness["lambada"]["perplexity"], rel=1e-4)
     for metric in ("word_perplexity", "byte_perplexity", "bits_per_byte"):
-        assert ours["wikitext"][metric] == pytest.approx(harness["wikitext"][metric], rel=5e-3), metric
+        assert ours["wikitext"][metric] == pytest.approx(harness["wikitext"][metric], rel=1e-4), metric
 
 
 @pytest.fixture(scope="module")

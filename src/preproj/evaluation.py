@@ -31,6 +31,7 @@ EXTRA_TASKS = ("hellaswag_full",)
 PROTOCOLS = ("harness", "paper")
 PAPER_LIMIT = 500  # PAPER.md §2: the first 500 items of each task
 PAPER_MAX_TOKENS = 512
+HEAD_CHUNK = 2048  # positions per LM-head chunk
 
 
 @dataclass
@@ -51,8 +52,8 @@ class EvalArgs:
     """Directory laid out as ../shared/data; default $PREPROJ_DATA_DIR, else the Hugging Face Hub."""
     max_length: int | None = None
     """Longest window scored at once (harness: the model's context length; rolling WikiText windows use it)."""
-    batch_tokens: int = 16384
-    """Token budget of one forward batch (padded length x rows)."""
+    batch_tokens: int = 1024
+    """Token budget of one forward batch (padded length x rows); small batches stay in cache on CPUs."""
     precision: str = "fp32"
     """'fp32', or 'bf16' (autocast; faster on CPUs with avx512_bf16, not bit-comparable with the harness)."""
     out: str | None = None
@@ -64,7 +65,7 @@ class EvalArgs:
 class LogLikelihood:
     """Batched log P(continuation | context) for token-id pairs, as the harness's HFLM computes it."""
 
-    def __init__(self, model: nn.Module, tokenizer, *, max_length: int | None = None, batch_tokens: int = 16384,
+    def __init__(self, model: nn.Module, tokenizer, *, max_length: int | None = None, batch_tokens: int = 1024,
                  precision: str = "fp32", progress: bool = True):
         self.model, self.tokenizer = model, tokenizer
         self.max_length = max_length or model_max_length(model, tokenizer)
@@ -94,18 +95,14 @@ class LogLikelihood:
         return ctx, whole[len(ctx):]
 
     def rolling_windows(self, tokens: list[int]) -> list[tuple[list[int], list[int]]]:
-        """Disjoint rolling windows of the harness (context_len=1): every token predicted exactly once."""
-        if not tokens:
-            return []
-        n, max_len = len(tokens), self.max_length
-        first = min(max_len, n)
-        windows = [([self.prefix_token_id] + tokens[: first - 1], tokens[:first])]
-        done = first
+        """The harness's disjoint rolling windows (context_len=1): every token is predicted exactly once,
+        each window conditioned on the max_length tokens before it, the first on the prefix token."""
+        windows, done, n = [], 0, len(tokens)
         while done < n:
-            pred = min(n - done, max_len)
-            end = done + pred
-            window = tokens[end - max_len - 1 : end - 1] if end - max_len - 1 >= 0 else tokens[: end - 1]
-            windows.append((window[: len(window) - (pred - 1)], tokens[end - pred : end]))
+            end = min(n, done + self.max_length)
+            # context: the tokens before this window that still fit, or the prefix token at the start
+            context = tokens[max(0, end - self.max_length - 1) : done] if done else [self.prefix_token_id]
+            windows.append((context, tokens[done:end]))
             done = end
         return windows
 
@@ -164,13 +161,13 @@ class LogLikelihood:
             logprob = torch.empty(len(targets))
             greedy = torch.empty(len(targets), dtype=torch.bool)
             target_t = torch.tensor(targets, device=self.device)
-            for s in range(0, len(targets), 2048):  # chunks bound the (N, V) logits in memory
-                chunk = scored[s : s + 2048]
+            for s in range(0, len(targets), HEAD_CHUNK):  # chunks bound the (N, V) logits in memory
+                chunk = scored[s : s + HEAD_CHUNK]
                 logits = (self.head(chunk) if self.fast else chunk).float()  # (n, V)
                 lp = torch.log_softmax(logits, dim=-1)
-                t = target_t[s : s + 2048]
-                logprob[s : s + 2048] = lp.gather(1, t[:, None])[:, 0].cpu()
-                greedy[s : s + 2048] = (logits.argmax(-1) == t).cpu()
+                t = target_t[s : s + HEAD_CHUNK]
+                logprob[s : s + HEAD_CHUNK] = lp.gather(1, t[:, None])[:, 0].cpu()
+                greedy[s : s + HEAD_CHUNK] = (logits.argmax(-1) == t).cpu()
         owner_t = torch.tensor(owner)
         sums = torch.zeros(len(batch), dtype=torch.float64).index_add_(0, owner_t, logprob.double())
         misses = torch.zeros(len(batch), dtype=torch.long).index_add_(0, owner_t, (~greedy).long())
@@ -325,7 +322,7 @@ def parse_tasks(tasks: str | list[str]) -> list[str]:
 
 def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] = TASKS, *, protocol: str = "harness",
              limit: int | None = None, data_dir: str | Path | None = None, max_length: int | None = None,
-             batch_tokens: int = 16384, precision: str = "fp32", progress: bool = True,
+             batch_tokens: int = 1024, precision: str = "fp32", progress: bool = True,
              model_name: str | None = None, adapter: str | None = None) -> dict:
     """Evaluate `model` (adapted or not) and return the results dict that `preproj eval` writes."""
     if protocol not in PROTOCOLS:

@@ -1,0 +1,120 @@
+"""Evaluation internals on tiny models: windows, pair encoding, batching, statistics, data loading."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from preproj import data as datasets
+from preproj.evaluation import LogLikelihood, mean_stderr, ratio_stderr
+
+from conftest import data_dir, tiny_model
+
+
+class CharTokenizer:
+    """One token per character (ids 3..), bos=1, eos=2: enough to drive LogLikelihood on a tiny model."""
+
+    bos_token_id, eos_token_id, pad_token_id = 1, 2, 2
+
+    def encode(self, text: str) -> list[int]:
+        return [3 + (ord(c) % 90) for c in text]
+
+
+@pytest.mark.parametrize("n", [1, 5, 16, 17, 40, 100])
+@pytest.mark.parametrize("max_length", [1, 4, 16])
+def test_rolling_windows_equal_the_harness(n, max_length):
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    score = LogLikelihood(tiny_model("llama"), CharTokenizer(), max_length=max_length, progress=False)
+    tokens = list(range(100, 100 + n))
+    expected = [make_disjoint_window(w) for w in get_rolling_token_windows(tokens, 1, max_length, 1)]
+    assert score.rolling_windows(tokens) == [tuple(w) for w in expected]
+    assert [t for _, cont in score.rolling_windows(tokens) for t in cont] == tokens
+
+
+def test_encode_pair_moves_trailing_space_to_the_continuation():
+    score = LogLikelihood(tiny_model("llama"), CharTokenizer(), progress=False)
+    ctx, cont = score.encode_pair("Answer: ", "yes")
+    assert ctx == CharTokenizer().encode("Answer:") and cont == CharTokenizer().encode(" yes")
+    assert score.encode_pair("", "abc") == ([1], CharTokenizer().encode("abc"))
+
+
+def _reference(model, ctx, cont):
+    ids = torch.tensor([ctx + cont])
+    with torch.no_grad():
+        lp = torch.log_softmax(model(ids).logits[0].float(), -1)
+    rows = torch.arange(len(ctx) - 1, len(ctx) + len(cont) - 1)
+    targets = torch.tensor(cont)
+    return float(lp[rows, targets].sum()), bool((lp[rows].argmax(-1) == targets).all())
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_neox", "gpt2"])
+def test_batched_scores_equal_one_at_a_time_full_logits(family):
+    model = tiny_model(family)
+    g = torch.Generator().manual_seed(0)
+    pairs = [(torch.randint(3, 90, (int(a),), generator=g).tolist(), torch.randint(3, 90, (int(b),), generator=g).tolist())
+             for a, b in [(5, 3), (1, 1), (30, 7), (12, 12), (2, 20)]]
+    score = LogLikelihood(model, CharTokenizer(), batch_tokens=64, progress=False)
+    assert score.fast
+    for (ll, greedy), pair in zip(score(pairs), pairs):
+        ref_ll, ref_greedy = _reference(model, *pair)
+        assert ll == pytest.approx(ref_ll, rel=1e-5, abs=1e-4) and greedy == ref_greedy
+
+
+def test_greedy_flag_is_true_when_the_continuation_is_the_argmax():
+    model = tiny_model("llama")
+    ctx = [5, 6, 7]
+    cont = []
+    with torch.no_grad():
+        for _ in range(4):
+            cont.append(int(model(torch.tensor([ctx + cont])).logits[0, -1].argmax()))
+    score = LogLikelihood(model, CharTokenizer(), progress=False)
+    (_, greedy), (_, greedy_wrong) = score([(ctx, cont), (ctx, cont[:-1] + [(cont[-1] + 1) % 97])])
+    assert greedy and not greedy_wrong
+
+
+def test_too_long_continuation_is_a_clear_error():
+    score = LogLikelihood(tiny_model("llama"), CharTokenizer(), max_length=8, progress=False)
+    with pytest.raises(ValueError, match="cannot be scored with max_length 8"):
+        score([([1], list(range(3, 12)))])
+
+
+def test_statistics():
+    x = [1.0, 0.0, 1.0, 1.0]
+    assert mean_stderr(x) == pytest.approx(np.std(x, ddof=1) / 2)
+    # ratio estimator: equal weights reduce to the stderr of the mean
+    assert ratio_stderr([1.0, 2.0, 3.0], [1.0, 1.0, 1.0]) == pytest.approx(mean_stderr([1.0, 2.0, 3.0]))
+    assert math.isnan(mean_stderr([1.0]))
+
+
+def test_article_split_and_detokenizer():
+    raw = " \n = A = \n \n x @-@ y , z . \n = = Sec = = \n w \n = B = \n q \n"
+    pages = datasets.split_articles(raw)
+    assert pages == [" = A = \n \n x @-@ y , z . \n = = Sec = = \n w ", " = B = \n q \n"]
+    assert datasets.wikitext_detokenize(" x @-@ y , z . \n") == " x-y, z.\n"
+
+
+@pytest.mark.integration
+def test_local_data_counts():
+    d = data_dir()
+    assert d is not None, "../shared/data or $PREPROJ_DATA_DIR is needed"
+    assert len(datasets.lambada(d)) == 5153
+    assert len(datasets.wikitext_documents(d)) == 62
+    assert len(datasets.hellaswag(d)) == 1000 and len(datasets.hellaswag(d, full=True)) == 10042
+    assert len(datasets.arc_easy(d)) == 2376 and len(datasets.arc_easy(d, "validation")) == 570
+    first = datasets.arc_easy(d)[0]
+    assert first["question"].startswith("Which statement best explains") and first["gold"] == 0
+    label_counts = np.bincount([doc["gold"] for doc in datasets.hellaswag(d, full=True)])
+    assert label_counts.tolist() == [2515, 2485, 2584, 2458]
+
+
+def test_missing_data_says_which_file_and_how(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(datasets.DataNotFound, match=r"no file .*lambada/lambada_test.jsonl.*--data-dir"):
+        datasets.lambada(tmp_path)
