@@ -71,3 +71,12 @@ def smollm2():
     from preproj import load_model
 
     return load_model("smollm2-135m")
+
+
+class CharTokenizer:
+    """One token per character (ids 3..), bos=1, eos=2: enough to drive LogLikelihood on a tiny model."""
+
+    bos_token_id, eos_token_id, pad_token_id = 1, 2, 2
+
+    def encode(self, text: str) -> list[int]:
+        return [3 + (ord(c) % 90) for c in text]

@@ -113,7 +113,7 @@ def test_corrupt_or_foreign_config_fails_clearly(trained):
     config.write_text(config.read_text()[:40])
     with pytest.raises(AdapterError, match="not valid JSON"):
         load_adapter(base, directory)
-    config.write_text(json.dumps({"peft_type": "LORA", "r": 8}))
+    config.write_text(json.dumps({"peft_type": "IA3", "target_modules": ["k_proj"]}))
     with pytest.raises(AdapterError, match="not a preproj adapter config"):
         load_adapter(base, directory)
     with pytest.raises(AdapterError, match="No adapter_config.json"):

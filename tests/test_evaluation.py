@@ -11,16 +11,7 @@ import torch
 from preproj import data as datasets
 from preproj.evaluation import LogLikelihood, mean_stderr, ratio_stderr
 
-from conftest import data_dir, tiny_model
-
-
-class CharTokenizer:
-    """One token per character (ids 3..), bos=1, eos=2: enough to drive LogLikelihood on a tiny model."""
-
-    bos_token_id, eos_token_id, pad_token_id = 1, 2, 2
-
-    def encode(self, text: str) -> list[int]:
-        return [3 + (ord(c) % 90) for c in text]
+from conftest import CharTokenizer, data_dir, tiny_model
 
 
 @pytest.mark.parametrize("n", [1, 5, 16, 17, 40, 100])

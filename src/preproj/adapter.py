@@ -70,15 +70,22 @@ def save_adapter(model: nn.Module, directory: str | os.PathLike) -> Path:
     return directory
 
 
-def read_adapter_config(directory: str | os.PathLike) -> dict:
-    path = Path(directory) / CONFIG_NAME
+def _read_json(path: Path) -> dict:
     if not path.is_file():
-        raise AdapterError(f"No {CONFIG_NAME} in {directory}: is this a directory written by preproj.save_adapter?")
+        raise AdapterError(f"No {CONFIG_NAME} in {path.parent}: is this a directory written by preproj.save_adapter?")
     try:
         meta = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise AdapterError(f"{path} is not valid JSON ({e}); the file is truncated or corrupt.") from None
-    if not isinstance(meta, dict) or meta.get("peft_type") != PEFT_TYPE or not isinstance(meta.get("config"), dict):
+    if not isinstance(meta, dict):
+        raise AdapterError(f"{path} is not an adapter config (a JSON object).")
+    return meta
+
+
+def read_adapter_config(directory: str | os.PathLike) -> dict:
+    path = Path(directory) / CONFIG_NAME
+    meta = _read_json(path)
+    if meta.get("peft_type") != PEFT_TYPE or not isinstance(meta.get("config"), dict):
         raise AdapterError(f"{path} is not a preproj adapter config (expected peft_type {PEFT_TYPE!r} and a 'config' object).")
     return meta
 
@@ -95,8 +102,15 @@ def _check_compatible(meta: dict, model: nn.Module, directory) -> None:
 
 
 def load_adapter(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
-    """Rebuild the adapter saved in `directory` on `model` (in place) and load its weights."""
+    """Rebuild the adapter saved in `directory` on `model` and load its weights.
+
+    A preproj adapter is attached in place and `model` is returned. The LoRA baselines written by
+    `preproj train` load through PEFT (safetensors only) and return the PeftModel: a PEFT LoRA
+    directory, or a preproj directory with the LoRA half in `lora/` (method preproj+lora).
+    """
     directory = Path(directory)
+    if _read_json(directory / CONFIG_NAME).get("peft_type") == "LORA":
+        return _load_lora(model, directory)
     meta = read_adapter_config(directory)
     _check_compatible(meta, model, directory)
     try:
@@ -126,4 +140,17 @@ def load_adapter(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
     with torch.no_grad():
         for key, param in expected.items():
             param.copy_(tensors[key])
+    if (directory / "lora" / CONFIG_NAME).is_file():
+        return _load_lora(model, directory / "lora")
     return model
+
+
+def _load_lora(model: nn.Module, directory: Path):
+    from peft import PeftModel
+
+    if not (directory / WEIGHTS_NAME).is_file():
+        raise AdapterError(f"No {WEIGHTS_NAME} in {directory}; preproj only reads safetensors, never pickles.")
+    try:
+        return PeftModel.from_pretrained(model, directory)
+    except (ValueError, RuntimeError, OSError, KeyError) as e:
+        raise AdapterError(f"The LoRA adapter in {directory} does not fit this model: {e}") from None

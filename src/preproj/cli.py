@@ -15,8 +15,12 @@ def _add_dataclass_args(parser: argparse.ArgumentParser, cls) -> None:
     docs = _field_docs(cls)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
+        help_text = f"{docs.get(f.name, '')} (default: {f.default})"
+        if f.type in (bool, "bool"):
+            parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
+            continue
         kind = {"int | None": int, "str | None": str, "float | None": float}.get(str(f.type), type(f.default))
-        parser.add_argument(flag, type=kind, default=f.default, help=f"{docs.get(f.name, '')} (default: {f.default})")
+        parser.add_argument(flag, type=kind, default=f.default, help=help_text)
 
 
 def _args(ns: argparse.Namespace, cls):

@@ -205,3 +205,73 @@ def arc_easy(data_dir: Path | None = None, split: str = "test") -> list[dict]:
         {"question": r["question"], "choices": list(r["choices"]["text"]), "gold": list(r["choices"]["label"]).index(r["answerKey"])}
         for r in _hub(name, data_dir)
     ]
+
+
+# --- training text -------------------------------------------------------------------------------
+
+def training_corpus(name: str, data_dir: Path | None = None, *, lines: int | None = None) -> tuple[list[str], list[str], str]:
+    """(train lines, held-out lines, description) for `preproj train --data NAME|FILE`.
+
+    wikitext2: WikiText-2 raw valid for training, raw test held out (disjoint; the raw train split is
+    not available offline). wikitext103: the paper's source, WikiText-103 raw train from the Hub, with
+    its validation split held out. tinystories: the local TinyStories head (smoke tests). Anything
+    else is read as a local text file, its last 5% of lines held out.
+    """
+    if name == "wikitext2":
+        train = wikitext_lines("valid", data_dir)
+        held = wikitext_lines("test", data_dir)
+        desc = "WikiText-2 raw valid (train) / raw test (held out): disjoint; the raw train split is not available offline"
+    elif name == "wikitext103":
+        try:
+            import datasets as hf
+            train = [r["text"] for r in hf.load_dataset("Salesforce/wikitext", "wikitext-103-raw-v1", split="train")]
+        except Exception as e:
+            raise DataNotFound(f"wikitext103 comes from the Hub (Salesforce/wikitext), which is not reachable here "
+                               f"({type(e).__name__}); use --data wikitext2 offline.") from None
+        held = wikitext_lines("valid", data_dir)
+        desc = "WikiText-103 raw train (Hub) / WikiText-103 raw validation (held out)"
+    else:
+        path = Path(name)
+        if name == "tinystories":
+            if data_dir is None or not (data_dir / "tinystories/tinystories_validation_head.txt").is_file():
+                raise DataNotFound("tinystories needs tinystories/tinystories_validation_head.txt in --data-dir.")
+            path = data_dir / "tinystories/tinystories_validation_head.txt"
+        if not path.is_file():
+            raise DataNotFound(f"--data {name!r} is neither a known corpus (wikitext2, wikitext103, tinystories) nor a file.")
+        all_lines = path.read_text(encoding="utf-8").split("\n")
+        cut = int(len(all_lines) * 0.95)
+        train, held = all_lines[:cut], all_lines[cut:]
+        desc = f"{path.name}: first 95% of lines (train) / last 5% (held out)"
+    train = [l for l in train if len(l.strip()) > 50]
+    if lines is not None:
+        train = train[:lines]
+    return train, [l for l in held if len(l.strip()) > 50], desc
+
+
+def tokenize_examples(texts: list[str], tokenizer, seq_len: int, packing: str = "pack"):
+    """(input_ids, labels), each (N, seq_len) long tensors; label -100 is ignored by the loss.
+
+    packing 'pack': one token stream cut into seq_len windows (no padding; fastest on a CPU).
+    packing 'lines': one example per line, truncated or padded to seq_len with eos, pads masked (PAPER.md §2).
+    """
+    import torch
+
+    if packing == "pack":
+        stream = []
+        for text in texts:
+            stream += tokenizer.encode(text.strip() + "\n")
+        n = len(stream) // seq_len
+        if n == 0:
+            raise ValueError(f"Only {len(stream)} tokens of training text: fewer than one window of {seq_len}.")
+        ids = torch.tensor(stream[: n * seq_len]).view(n, seq_len)
+        return ids, ids.clone()
+    if packing != "lines":
+        raise ValueError(f"packing must be 'pack' or 'lines', got {packing!r}.")
+    pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+    ids = torch.full((len(texts), seq_len), pad, dtype=torch.long)
+    labels = torch.full((len(texts), seq_len), -100, dtype=torch.long)
+    for i, text in enumerate(texts):
+        tokens = tokenizer.encode(text.strip())[:seq_len]
+        ids[i, : len(tokens)] = torch.tensor(tokens)
+        labels[i, : len(tokens)] = torch.tensor(tokens)
+    return ids, labels

@@ -1,0 +1,57 @@
+"""Baselines through PEFT: LoRA on the attention projections, rank matched to an adapter's size.
+
+PAPER.md §2: alpha = 2r, dropout 0, attention projections only. The paper's rank formula
+under-counted (26.5M vs 24.8M); here r is chosen so the trainable count is within 1% of the target.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .attach import decoder_layers, family_of
+
+# Attention projections per family, as regexes over module names (GPT-2's c_proj also names an MLP layer).
+# `base_layer.` appears when the pre-projection wraps the attention (method preproj+lora).
+LORA_TARGETS = {
+    "gpt_neox": r".*\.attention\.(base_layer\.)?(query_key_value|dense)",
+    "llama": r".*\.self_attn\.(base_layer\.)?(q_proj|k_proj|v_proj|o_proj)",
+    "gpt2": r".*\.attn\.(base_layer\.)?(c_attn|c_proj)",
+}
+
+
+def _attention_projections(model: nn.Module) -> list[tuple[int, int]]:
+    """(in_features, out_features) of every LoRA target in one decoder layer."""
+    import re
+
+    pattern = re.compile(LORA_TARGETS[family_of(model).name])
+    layer = decoder_layers(model)[0]
+    shapes = []
+    for name, module in layer.named_modules(prefix="x"):
+        if pattern.fullmatch(name) and hasattr(module, "weight"):
+            w = module.weight
+            # transformers' Conv1D (GPT-2) stores (in, out); nn.Linear stores (out, in)
+            shapes.append((w.shape[0], w.shape[1]) if type(module).__name__ == "Conv1D" else (w.shape[1], w.shape[0]))
+    return shapes
+
+
+def lora_params_per_rank(model: nn.Module) -> int:
+    """Trainable LoRA parameters per unit of rank over the whole model: sum of (in + out) of every target."""
+    return len(decoder_layers(model)) * sum(i + o for i, o in _attention_projections(model))
+
+
+def matched_lora_rank(model: nn.Module, target_params: int) -> int:
+    """The rank whose LoRA count is closest to target_params; raises if it is not within 1%."""
+    per_rank = lora_params_per_rank(model)
+    r = max(1, round(target_params / per_rank))
+    if abs(r * per_rank - target_params) > 0.01 * target_params:
+        raise ValueError(f"No LoRA rank comes within 1% of {target_params:,} parameters (r={r} gives {r * per_rank:,}).")
+    return r
+
+
+def attach_lora(model: nn.Module, rank: int):
+    """Wrap `model` with PEFT LoRA (alpha = 2r, dropout 0) on the attention projections; returns the PeftModel."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, bias="none",
+                        target_modules=LORA_TARGETS[family_of(model).name], task_type="CAUSAL_LM")
+    return get_peft_model(model, config)

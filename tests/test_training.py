@@ -1,0 +1,147 @@
+"""preproj train on tiny models: outputs, bitwise resume, divergence, LoRA matching, precision audit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from preproj import load_adapter
+from preproj.attach import adapter_state_dict
+from preproj.baselines import lora_params_per_rank, matched_lora_rank
+from preproj.training import TrainArgs, TrainingDiverged, build_method, load_checkpoint, lr_at, train
+
+from conftest import CharTokenizer, tiny_model
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    lines = [f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away {i * 7}" for i in range(200)]
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(lines))
+    return str(path)
+
+
+def args_for(tmp_path, corpus, **kw) -> TrainArgs:
+    base = dict(model="tiny", out=str(tmp_path / "run"), data=corpus, steps=8, batch_size=2, grad_accum=2, seq_len=32,
+                lr=1e-2, warmup=2, eval_every=4, eval_batches=2, save_every=3, precision="fp32")
+    base.update(kw)
+    return TrainArgs(**base)
+
+
+def test_run_writes_adapter_logs_and_summary(tmp_path, corpus):
+    args = args_for(tmp_path, corpus)
+    summary, model = train(args, tiny_model("llama"), CharTokenizer(), progress=False)
+    out = tmp_path / "run"
+    assert {"adapter_config.json", "adapter_model.safetensors", "train_log.jsonl", "summary.json", "train_config.json",
+            "checkpoint"} <= {p.name for p in out.iterdir()}
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == list(range(9))
+    assert [r["step"] for r in log if "heldout_loss" in r] == [0, 4, 8]
+    assert summary["tokens_seen"] == 8 * 2 * 2 * 32 and len(summary["skip_norms"]) == 3
+    assert summary["final_heldout_loss"] < summary["initial_heldout_loss"]  # it learns
+    fresh = load_adapter(tiny_model("llama"), out)
+    ids = torch.randint(0, 90, (1, 10))
+    with torch.no_grad():
+        assert torch.equal(fresh(ids).logits, model(ids).logits)
+    with pytest.raises(ValueError, match="already holds a run"):
+        train(args, tiny_model("llama"), CharTokenizer(), progress=False)
+
+
+def test_killed_run_resumes_to_the_same_adapter_bitwise(tmp_path, corpus):
+    full, _ = train(args_for(tmp_path, corpus, out=str(tmp_path / "full")), tiny_model("llama"), CharTokenizer(), progress=False)
+    reference = load_file(tmp_path / "full" / "adapter_model.safetensors")
+
+    calls = {"n": 0}
+    model = tiny_model("llama")
+    forward = model.forward
+
+    def killed_forward(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2 + 2 * 6 + 2 + 1:  # held-out (2 calls) + 6 steps x 2 micro + held-out at step 4 + 1: step 7
+            raise KeyboardInterrupt("killed")
+        return forward(*a, **k)
+
+    model.forward = killed_forward
+    with pytest.raises(KeyboardInterrupt):
+        train(args_for(tmp_path, corpus, out=str(tmp_path / "killed")), model, CharTokenizer(), progress=False)
+    state = torch.load(tmp_path / "killed" / "checkpoint" / "state.pt", weights_only=True)
+    assert state["step"] == 6  # the last checkpoint before the kill (save_every=3)
+    resumed, _ = train(args_for(tmp_path, corpus, out=str(tmp_path / "killed"), resume=True), tiny_model("llama"),
+                       CharTokenizer(), progress=False)
+    result = load_file(tmp_path / "killed" / "adapter_model.safetensors")
+    assert set(result) == set(reference) and all(torch.equal(result[k], reference[k]) for k in reference)
+    assert resumed["final_heldout_loss"] == full["final_heldout_loss"]
+    log = [json.loads(line) for line in (tmp_path / "killed" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == list(range(9))
+
+
+def test_nan_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path, corpus):
+    model = tiny_model("llama")
+    forward = model.forward
+    calls = {"n": 0}
+
+    def poisoned(*a, **k):
+        calls["n"] += 1
+        out = forward(*a, **k)
+        if calls["n"] > 2 + 2 * 4 + 2:  # held-out, 4 steps, held-out at step 4: poison step 5
+            out.loss = out.loss * float("nan")
+        return out
+
+    model.forward = poisoned
+    with pytest.raises(TrainingDiverged, match=r"Loss became nan at step 5.*last good checkpoint"):
+        train(args_for(tmp_path, corpus), model, CharTokenizer(), progress=False)
+    state = torch.load(tmp_path / "run" / "checkpoint" / "state.pt", weights_only=True)
+    assert state["step"] == 3 and all(torch.isfinite(t).all() for t in state["params"].values())
+
+
+def test_lora_rank_matches_preproj_skip_within_one_percent():
+    model = tiny_model("llama")
+    d, n = 64, 3
+    target = n * (2 * d * int(1.25 * d) + d * d)
+    r = matched_lora_rank(model, target)
+    peft_model = build_method(model, "lora")
+    count = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    assert count == r * lora_params_per_rank(tiny_model("llama")) and abs(count - target) <= 0.01 * target
+    assert peft_model.peft_config["default"].lora_alpha == 2 * r
+
+
+def test_preproj_plus_lora_trains_both_and_round_trips(tmp_path, corpus):
+    summary, model = train(args_for(tmp_path, corpus, method="preproj+lora", steps=3), tiny_model("llama"),
+                           CharTokenizer(), progress=False)
+    d = 64
+    assert summary["trainable_params"] == 3 * 2 * d * int(1.25 * d) + 64 * lora_params_per_rank(tiny_model("llama"))
+    assert (tmp_path / "run" / "lora" / "adapter_model.safetensors").is_file()
+    loaded = load_adapter(tiny_model("llama"), tmp_path / "run")
+    ids = torch.randint(0, 90, (1, 10))
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids).logits, model(ids).logits, atol=1e-6)
+
+
+def test_lora_method_round_trips_through_load_adapter(tmp_path, corpus):
+    _, model = train(args_for(tmp_path, corpus, method="lora", steps=3), tiny_model("gpt_neox"), CharTokenizer(), progress=False)
+    loaded = load_adapter(tiny_model("gpt_neox"), tmp_path / "run")
+    ids = torch.randint(0, 90, (1, 10))
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids).logits, model(ids).logits, atol=1e-6)
+
+
+def test_pure_bf16_reports_erased_updates(tmp_path, corpus):
+    summary, _ = train(args_for(tmp_path, corpus, precision="bf16", lr=1e-5, steps=3), tiny_model("llama", dtype=torch.bfloat16),
+                       CharTokenizer(), progress=False)
+    assert 0.0 < summary["bf16_erased_update_fraction"] <= 1.0
+
+
+def test_cosine_schedule_with_warmup():
+    args = TrainArgs(steps=100, warmup=10, lr=1.0)
+    assert lr_at(0, args) == pytest.approx(0.1) and lr_at(9, args) == pytest.approx(1.0)
+    assert lr_at(10, args) == pytest.approx(1.0) and lr_at(55, args) == pytest.approx(0.5) and lr_at(99, args) < 0.01
+
+
+def test_bad_arguments_are_clear(tmp_path, corpus):
+    with pytest.raises(ValueError, match="method must be one of"):
+        train(args_for(tmp_path, corpus, method="adapterv2"), tiny_model("llama"), CharTokenizer(), progress=False)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        train(args_for(tmp_path, corpus, precision="fp8"), tiny_model("llama"), CharTokenizer(), progress=False)
