@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import sys
 import time
+from pathlib import Path
 
 from .adapter import write_json
 
@@ -15,7 +16,7 @@ def _add_dataclass_args(parser: argparse.ArgumentParser, cls) -> None:
     docs = _field_docs(cls)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
-        help_text = f"{docs.get(f.name, '')} (default: {f.default})"
+        help_text = f"{docs.get(f.name, '')} (default: {f.default})".replace("%", "%%")
         if f.type in (bool, "bool"):
             parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
             continue
@@ -112,9 +113,36 @@ def _harness(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _train(ns: argparse.Namespace) -> int:
+    from .training import TrainArgs, train
+
+    args = _args(ns, TrainArgs)
+    summary, _ = train(args)
+    loss = f"held-out loss {summary['initial_heldout_loss']:.4f} -> {summary['final_heldout_loss']:.4f}"
+    audit = (f", bf16 erased {100 * summary['bf16_erased_update_fraction']:.1f}% of updates"
+             if "bf16_erased_update_fraction" in summary else "")
+    print(f"summary: {args.method}, {summary['trainable_params'] / 1e6:.2f}M trainable, {summary['steps']} steps, "
+          f"{summary['tokens_seen']:,} tokens at {summary['tokens_per_second']:.0f} tok/s, {loss}{audit}, "
+          f"{summary['wall_seconds']:.0f}s; adapter in {args.out}")
+    return 0
+
+
+def _compare(ns: argparse.Namespace) -> int:
+    from .compare import CompareArgs, run_compare
+
+    args = _args(ns, CompareArgs)
+    report = run_compare(args)
+    print((Path(args.out) / "report.md").read_text())
+    print(f"summary: {len(report['methods'])} methods compared in {report['wall_seconds'] / 60:.1f} min; "
+          f"report.md, results.json, skip_norms.png, training_curves.png in {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .compare import CompareArgs
     from .evaluation import EvalArgs
     from .inspection import InspectArgs
+    from .training import TrainArgs
 
     parser = argparse.ArgumentParser(prog="preproj", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -126,6 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="LAMBADA, WikiText, HellaSwag, ARC-Easy: harness-exact or paper protocol.")
     _add_dataclass_args(p, EvalArgs)
     p.set_defaults(run=_eval)
+
+    p = sub.add_parser("train", help="Frozen-probe training of one method (base frozen, only new parameters learn).")
+    _add_dataclass_args(p, TrainArgs)
+    p.set_defaults(run=_train)
+
+    p = sub.add_parser("compare", help="Train and evaluate every method under one budget; report, table and plots.")
+    _add_dataclass_args(p, CompareArgs)
+    p.set_defaults(run=_compare)
 
     p = sub.add_parser("harness", help="Run any lm-evaluation-harness task on a (possibly adapted) model (needs lm-eval).")
     p.add_argument("--model", default="smollm2-135m", help="Embedded name, hub id or local directory.")
@@ -144,11 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     from .adapter import AdapterError
     from .data import DataNotFound
     from .loading import ModelLoadError
+    from .training import TrainingDiverged
 
     ns = build_parser().parse_args(argv)
     try:
         return ns.run(ns)
-    except (ModelLoadError, AdapterError, DataNotFound, ValueError) as e:
+    except (ModelLoadError, AdapterError, DataNotFound, TrainingDiverged, ValueError) as e:
         print(f"preproj {ns.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,285 @@
+"""`preproj compare`: the paper's experiment on any model, every method under one budget, one report.
+
+Trains each method (seeds x methods), evaluates each with `preproj eval`, and writes report.md
+(a Table 2 with 95% intervals, the paper's numbers beneath), results.json, skip_norms.{png,json}
+and training_curves.png.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from .adapter import write_json
+from .evaluation import evaluate
+from .training import METHODS, TrainArgs, train
+
+ALL_METHODS = ("base",) + METHODS
+
+# PAPER.md §3 (Table 2) and §4 (Figure 2)
+PAPER_TABLE = {
+    "Pythia-160M": {"base": (None, 0.128, 0.326, 0.358, 78.4), "preproj": (17.7e6, 0.154, 0.318, 0.342, 73.0),
+                    "lora": (26.5e6, 0.126, 0.326, 0.346, 63.8), "preproj+lora": (21.2e6, 0.162, 0.324, 0.352, 60.8),
+                    "preproj+skip": (24.8e6, 0.180, 0.338, 0.348, 47.9)},
+    "Pythia-410M": {"base": (None, 0.466, 0.396, 0.436, 29.2), "preproj": (62.9e6, 0.470, 0.392, 0.452, 25.1),
+                    "lora": (94.4e6, 0.488, 0.400, 0.446, 17.7), "preproj+lora": (72.4e6, 0.470, 0.400, 0.450, 19.2),
+                    "preproj+skip": (88.1e6, 0.484, 0.398, 0.432, 17.0)},
+}
+PAPER_SKIP_NORMS = {
+    "Pythia-160M": [.1295, .1301, .1283, .1274, .1273, .1279, .1315, .1358, .1507, .1905, .2575, .2959],
+    "Pythia-410M": [.2017, .1982, .1973, .1958, .1945, .1927, .1887, .1883, .1893, .1888, .1887, .1911, .1928, .1949,
+                    .1948, .1983, .2048, .2070, .2117, .2153, .2399, .2573, .2785, .2825],
+}
+
+# (task, metric) per table column, by protocol
+COLUMNS = {
+    "harness": [("lambada", "acc"), ("hellaswag", "acc_norm"), ("arc_easy", "acc"), ("wikitext", "word_perplexity")],
+    "paper": [("lambada", "acc"), ("hellaswag", "acc"), ("arc_easy", "acc"), ("wikitext", "perplexity")],
+}
+HEADERS = ["LAMBADA acc", "HellaSwag acc_norm", "ARC-E acc", "WikiText PPL"]
+
+PRESETS = {
+    # Sized for the embedded SmolLM2-135M on 2 CPU cores: the whole comparison in under 30 minutes.
+    "cpu": {
+        "train": dict(data="wikitext2", packing="pack", seq_len=256, batch_size=4, grad_accum=1, steps=60, lr=1e-3,
+                      warmup=6, precision="bf16-mixed", eval_every=20, eval_batches=4, save_every=20),
+        "eval": dict(protocol="harness", limits={"lambada": 200, "hellaswag": 100, "arc_easy": 200, "wikitext": 3},
+                     max_length=2048, precision="fp32"),
+    },
+    # The paper's exact protocol (PAPER.md §2), meant for a GPU.
+    "paper": {
+        "train": dict(data="wikitext103", lines=2000, packing="lines", seq_len=512, batch_size=4, grad_accum=4, steps=500,
+                      lr=1e-5, warmup=50, precision="bf16", activation_checkpointing=True, eval_every=50, save_every=50),
+        "eval": dict(protocol="paper", limits={}, max_length=None, precision="fp32"),
+    },
+}
+
+
+@dataclass
+class CompareArgs:
+    """Arguments of `preproj compare`."""
+
+    model: str = "smollm2-135m"
+    """Embedded name, Hugging Face hub id or local directory."""
+    methods: str = ",".join(ALL_METHODS)
+    """Comma-separated: base, lora, preproj, skip, preproj+skip, preproj+lora."""
+    seeds: int = 1
+    """Seeds per trained method (42, 43, ...); intervals are over seeds when > 1."""
+    preset: str = "cpu"
+    """cpu (embedded model on 2 cores, < 30 min) or paper (PAPER.md §2, for a GPU)."""
+    steps: int | None = None
+    """Override the preset's training steps."""
+    limit: int | None = None
+    """Override the preset's evaluation items per task."""
+    data_dir: str | None = None
+    """Directory laid out as ../shared/data; default $PREPROJ_DATA_DIR."""
+    out: str = "runs/compare"
+    """Output directory."""
+
+
+def _interval(values: list[float], stderr: float | None) -> float | None:
+    """Half-width of a 95% interval: over seeds (t) when there are several, else 1.96 x the metric's stderr."""
+    if len(values) > 1:
+        t = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78}.get(len(values), 1.96)
+        return float(t * np.std(values, ddof=1) / math.sqrt(len(values)))
+    return None if stderr is None or not math.isfinite(stderr) else 1.96 * stderr
+
+
+def run_compare(args: CompareArgs, progress: bool = True) -> dict:
+    from .loading import load_model
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in ALL_METHODS]
+    if unknown or not methods:
+        raise ValueError(f"Unknown method(s) {unknown}; choose from {', '.join(ALL_METHODS)}.")
+    if args.preset not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {args.preset!r}.")
+    preset = PRESETS[args.preset]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    eval_cfg = preset["eval"]
+    limits = {t: args.limit for t in ("lambada", "hellaswag", "arc_easy", "wikitext")} if args.limit else eval_cfg["limits"]
+    start = time.monotonic()
+
+    runs = []  # one per (method, seed)
+    for method in methods:
+        for seed in range(42, 42 + (1 if method == "base" else args.seeds)):
+            run_dir = out / f"{method}-seed{seed}"
+            done = run_dir / "result.json"
+            if done.is_file():  # resumable: a finished (method, seed) is not redone
+                runs.append(json.loads(done.read_text()))
+                print(f"[compare] {method} seed {seed}: already done, reusing {done}")
+                continue
+            print(f"[compare] {method} seed {seed} ...", flush=True)
+            t0 = time.monotonic()
+            model, tokenizer = load_model(args.model)
+            summary = None
+            if method != "base":
+                targs = TrainArgs(model=args.model, method=method, out=str(run_dir), seed=seed, data_dir=args.data_dir,
+                                  resume=True, **preset["train"])
+                if args.steps:
+                    targs = replace(targs, steps=args.steps)
+                summary, model = train(targs, model, tokenizer, progress=progress)
+            train_seconds = time.monotonic() - t0
+            tasks = {}
+            for task, limit in ({t: limits.get(t) for t in ("lambada", "hellaswag", "arc_easy", "wikitext")}).items():
+                r = evaluate(model, tokenizer, [task], protocol=eval_cfg["protocol"], limit=limit, data_dir=args.data_dir,
+                             max_length=eval_cfg["max_length"], precision=eval_cfg["precision"], progress=progress)
+                tasks[task] = r["tasks"][task]
+            result = {"method": method, "seed": seed, "tasks": tasks,
+                      "trainable_params": summary["trainable_params"] if summary else 0,
+                      "train_tokens": summary["tokens_seen"] if summary else 0,
+                      "train_seconds": train_seconds if summary else 0.0,
+                      "eval_seconds": time.monotonic() - t0 - (train_seconds if summary else 0.0),
+                      "skip_norms": summary["skip_norms"] if summary else None,
+                      "log": _read_log(run_dir) if summary else []}
+            write_json(done, result)
+            runs.append(result)
+            print(f"[compare] {method} seed {seed}: " + ", ".join(
+                f"{t} {m}={tasks[t][m]:.4g}" for t, m in COLUMNS[eval_cfg["protocol"]]), flush=True)
+
+    report = summarise(runs, methods, args, eval_cfg["protocol"], limits, time.monotonic() - start)
+    write_json(out / "results.json", report)
+    norms = {m: report["methods"][m]["skip_norms"] for m in methods if report["methods"][m]["skip_norms"]}
+    write_json(out / "skip_norms.json", {"ours": norms, "paper": PAPER_SKIP_NORMS})
+    plot_skip_norms(norms, out / "skip_norms.png", args.model)
+    plot_training_curves(runs, out / "training_curves.png")
+    (out / "report.md").write_text(render_report(report))
+    return report
+
+
+def _read_log(run_dir: Path) -> list[dict]:
+    path = run_dir / "train_log.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def summarise(runs: list[dict], methods: list[str], args: CompareArgs, protocol: str, limits: dict, seconds: float) -> dict:
+    table = {}
+    for method in methods:
+        mine = [r for r in runs if r["method"] == method]
+        cells = {}
+        for task, metric in COLUMNS[protocol]:
+            values = [r["tasks"][task][metric] for r in mine]
+            stderr = mine[0]["tasks"][task].get(metric + "_stderr") if len(mine) == 1 else None
+            cells[f"{task}.{metric}"] = {"mean": float(np.mean(values)), "ci95": _interval(values, stderr),
+                                         "values": values, "n_items": mine[0]["tasks"][task]["n"]}
+        norms = [r["skip_norms"] for r in mine if r["skip_norms"]]
+        table[method] = {
+            "trainable_params": mine[0]["trainable_params"], "seeds": [r["seed"] for r in mine], "metrics": cells,
+            "train_tokens": mine[0]["train_tokens"], "train_seconds": float(np.mean([r["train_seconds"] for r in mine])),
+            "eval_seconds": float(np.mean([r["eval_seconds"] for r in mine])),
+            "skip_norms": np.mean(norms, axis=0).tolist() if norms else None,
+        }
+    return {"model": args.model, "preset": args.preset, "protocol": protocol, "seeds": args.seeds,
+            "eval_limits": limits, "train": {**PRESETS[args.preset]["train"], **({"steps": args.steps} if args.steps else {})},
+            "methods": table, "wall_seconds": seconds, "args": asdict(args)}
+
+
+def _fmt(cell: dict, ppl: bool) -> str:
+    value = f"{cell['mean']:.2f}" if ppl else f"{cell['mean']:.3f}"
+    if cell["ci95"] is None:
+        return value
+    return value + (f" ± {cell['ci95']:.2f}" if ppl else f" ± {cell['ci95']:.3f}")
+
+
+def render_report(report: dict) -> str:
+    protocol = report["protocol"]
+    lines = [f"# preproj compare: {report['model']} (preset {report['preset']})", "",
+             f"Protocol `{protocol}`; evaluation items per task: "
+             + (", ".join(f"{k} {v}" for k, v in report["eval_limits"].items()) or "the protocol's defaults")
+             + f". Training: {json.dumps(report['train'])}. Seeds per method: {report['seeds']}. "
+             "Intervals are 95%: over seeds when there are several, else 1.96 x the metric's standard error.", "",
+             "| method | trainable params | " + " | ".join(HEADERS) + " | train tokens | train time | eval time |",
+             "|---" * (len(HEADERS) + 5) + "|"]
+    for method, row in report["methods"].items():
+        cells = [_fmt(row["metrics"][f"{t}.{m}"], "perplexity" in m) for t, m in COLUMNS[protocol]]
+        lines.append(f"| {method} | {row['trainable_params'] / 1e6:.2f}M | " + " | ".join(cells)
+                     + f" | {row['train_tokens']:,} | {row['train_seconds']:.0f}s | {row['eval_seconds']:.0f}s |")
+    lines += ["", "The paper's Table 2 (Pythia, its own protocol on 500-item subsets, one seed), for reference:", "",
+              "| model | method | params | LAMBADA | HellaSwag | ARC-E | PPL |", "|---|---|---|---|---|---|---|"]
+    for model, rows in PAPER_TABLE.items():
+        for method, (p, lam, hs, arc, ppl) in rows.items():
+            lines.append(f"| {model} | {method} | {'–' if p is None else f'{p / 1e6:.1f}M'} | {lam:.3f} | {hs:.3f} | {arc:.3f} | {ppl} |")
+    lines += ["", "## What agrees and what does not", "", agreement_paragraph(report), ""]
+    return "\n".join(lines)
+
+
+def agreement_paragraph(report: dict) -> str:
+    """One paragraph, written from the numbers: the sign of each method's change over base, against the paper's 160M."""
+    rows, protocol = report["methods"], report["protocol"]
+    if "base" not in rows:
+        return "No base row was run, so no change over the base model can be compared with the paper."
+    paper = PAPER_TABLE["Pythia-160M"]
+    said = []
+    for method in [m for m in rows if m != "base" and m in paper]:
+        parts = []
+        for (task, metric), header, k in zip(COLUMNS[protocol], HEADERS, range(1, 5)):
+            ours = rows[method]["metrics"][f"{task}.{metric}"]
+            base = rows["base"]["metrics"][f"{task}.{metric}"]
+            delta = ours["mean"] - base["mean"]
+            theirs = paper[method][k] - paper["base"][k]
+            better = (delta < 0) if "PPL" in header else (delta > 0)
+            paper_better = (theirs < 0) if "PPL" in header else (theirs > 0)
+            width = max(ours["ci95"] or 0.0, base["ci95"] or 0.0)
+            sure = abs(delta) > width
+            parts.append(f"{header.split()[0]} {delta:+.3g}" + ("" if sure else " (within the interval)")
+                         + (" agrees" if better == paper_better else " disagrees") + f" with the paper's {theirs:+.3g}")
+        said.append(f"{method}: " + "; ".join(parts) + ".")
+    ppl_key = "wikitext." + COLUMNS[protocol][3][1]
+    ranking = sorted(rows, key=lambda m: rows[m]["metrics"][ppl_key]["mean"])
+    return (" ".join(said) + f" Ranked by WikiText perplexity (lower is better): {' < '.join(ranking)}; the paper's "
+            "160M ranking is preproj+skip < preproj+lora < lora < preproj < base. Training and the perplexity evaluation "
+            "share a source (WikiText), so perplexity gains include in-domain adaptation, as in the paper. The base "
+            "model, budget and protocol differ from the paper's, so only directions are comparable, not magnitudes.")
+
+
+def plot_skip_norms(norms: dict[str, list[float]], path: Path, model_name: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, values in PAPER_SKIP_NORMS.items():
+        ax.plot(np.linspace(0, 1, len(values)), values, "--", color="gray" if "160" in label else "silver",
+                label=f"paper {label}")
+    for method, values in norms.items():
+        ax.plot(np.linspace(0, 1, len(values)), values, "o-", ms=3, label=f"{model_name} {method}")
+    ax.set_xlabel("layer depth (0 = first, 1 = last)")
+    ax.set_ylabel("||W_skip||_F")
+    ax.set_title("Content-skip norms by depth")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_training_curves(runs: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for r in runs:
+        if not r["log"]:
+            continue
+        label = f"{r['method']} (seed {r['seed']})"
+        steps = [x for x in r["log"] if "loss" in x]
+        a.plot([x["step"] for x in steps], [x["loss"] for x in steps], label=label, lw=1)
+        held = [x for x in r["log"] if "heldout_loss" in x]
+        b.plot([x["step"] for x in held], [x["heldout_loss"] for x in held], "o-", ms=3, label=label)
+    a.set_title("train loss")
+    b.set_title("held-out loss")
+    for ax in (a, b):
+        ax.set_xlabel("step")
+    a.set_ylabel("cross-entropy (nats/token)")
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,66 @@
+"""preproj compare end to end on a tiny Llama with the embedded tokenizer (real vocabulary, tiny width)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import transformers
+
+from preproj import compare
+from preproj.compare import CompareArgs, agreement_paragraph, run_compare
+
+from conftest import data_dir
+
+
+@pytest.fixture(scope="module")
+def tiny_real_vocab_model(tmp_path_factory, smollm2):
+    _, tokenizer = smollm2
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=512,
+                                      tie_word_embeddings=True)
+    path = tmp_path_factory.mktemp("tiny_llama")
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.integration
+def test_compare_writes_table_results_and_plots(tmp_path, tiny_real_vocab_model, monkeypatch):
+    assert data_dir() is not None, "../shared/data or $PREPROJ_DATA_DIR is needed"
+    small = {**compare.PRESETS["cpu"]["train"], "seq_len": 32, "batch_size": 2, "eval_every": 2, "save_every": 2}
+    monkeypatch.setitem(compare.PRESETS["cpu"], "train", small)
+    monkeypatch.setitem(compare.PRESETS["cpu"], "eval", {**compare.PRESETS["cpu"]["eval"], "max_length": 256})
+    args = CompareArgs(model=tiny_real_vocab_model, methods="base,preproj+skip,lora", steps=3, limit=4,
+                       data_dir=str(data_dir()), out=str(tmp_path / "cmp"))
+    report = run_compare(args, progress=False)
+    out = tmp_path / "cmp"
+    for name in ("report.md", "results.json", "skip_norms.png", "skip_norms.json", "training_curves.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["methods"]) == {"base", "preproj+skip", "lora"}
+    d, n = 32, 2
+    assert results["methods"]["preproj+skip"]["trainable_params"] == n * (2 * d * 40 + d * d)
+    lora = results["methods"]["lora"]["trainable_params"]
+    assert abs(lora - results["methods"]["preproj+skip"]["trainable_params"]) <= 0.01 * results["methods"]["preproj+skip"]["trainable_params"]
+    assert results["methods"]["base"]["trainable_params"] == 0
+    cell = results["methods"]["preproj+skip"]["metrics"]["lambada.acc"]
+    assert cell["n_items"] == 4 and cell["ci95"] is not None
+    assert len(json.loads((out / "skip_norms.json").read_text())["ours"]["preproj+skip"]) == n
+    text = (out / "report.md").read_text()
+    assert "| preproj+skip | 0.01M |" in text and "Pythia-160M" in text and "## What agrees" in text
+    # A second run reuses every finished (method, seed) instead of training again.
+    again = run_compare(args, progress=False)
+    assert again["methods"]["lora"]["metrics"] == report["methods"]["lora"]["metrics"]
+
+
+def test_agreement_paragraph_reads_the_numbers():
+    def row(lam, hs, arc, ppl, ci=0.001):
+        cells = {"lambada.acc": lam, "hellaswag.acc_norm": hs, "arc_easy.acc": arc, "wikitext.word_perplexity": ppl}
+        return {"metrics": {k: {"mean": v, "ci95": ci} for k, v in cells.items()}}
+
+    report = {"protocol": "harness", "methods": {"base": row(0.30, 0.35, 0.50, 30.0),
+                                                  "preproj+skip": row(0.35, 0.34, 0.50, 20.0)}}
+    text = agreement_paragraph(report)
+    assert "LAMBADA +0.05 agrees" in text and "HellaSwag -0.01 disagrees" in text
+    assert "base" in text and "preproj+skip < base" in text
