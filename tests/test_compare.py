@@ -62,5 +62,6 @@ def test_agreement_paragraph_reads_the_numbers():
     report = {"protocol": "harness", "methods": {"base": row(0.30, 0.35, 0.50, 30.0),
                                                   "preproj+skip": row(0.35, 0.34, 0.50, 20.0)}}
     text = agreement_paragraph(report)
-    assert "LAMBADA +0.05 agrees" in text and "HellaSwag -0.01 disagrees" in text
+    assert "LAMBADA +0.05 (paper +0.052: same direction)" in text
+    assert "HellaSwag -0.01 (paper +0.012: opposite direction)" in text and "ARC-E +0 (paper -0.01: no change)" in text
     assert "base" in text and "preproj+skip < base" in text

@@ -117,7 +117,8 @@ def run_compare(args: CompareArgs, progress: bool = True) -> dict:
                 continue
             print(f"[compare] {method} seed {seed} ...", flush=True)
             t0 = time.monotonic()
-            model, tokenizer = load_model(args.model)
+            pure_bf16 = preset["train"].get("precision") == "bf16"
+            model, tokenizer = load_model(args.model, dtype="bfloat16" if pure_bf16 and method != "base" else "float32")
             summary = None
             if method != "base":
                 targs = TrainArgs(model=args.model, method=method, out=str(run_dir), seed=seed, data_dir=args.data_dir,
@@ -147,7 +148,7 @@ def run_compare(args: CompareArgs, progress: bool = True) -> dict:
     write_json(out / "results.json", report)
     norms = {m: report["methods"][m]["skip_norms"] for m in methods if report["methods"][m]["skip_norms"]}
     write_json(out / "skip_norms.json", {"ours": norms, "paper": PAPER_SKIP_NORMS})
-    plot_skip_norms(norms, out / "skip_norms.png", args.model)
+    plot_skip_norms(norms, out / "skip_norms.png", Path(args.model).name)
     plot_training_curves(runs, out / "training_curves.png")
     (out / "report.md").write_text(render_report(report))
     return report
@@ -198,7 +199,8 @@ def render_report(report: dict) -> str:
              "|---" * (len(HEADERS) + 5) + "|"]
     for method, row in report["methods"].items():
         cells = [_fmt(row["metrics"][f"{t}.{m}"], "perplexity" in m) for t, m in COLUMNS[protocol]]
-        lines.append(f"| {method} | {row['trainable_params'] / 1e6:.2f}M | " + " | ".join(cells)
+        params = f"{row['trainable_params'] / 1e6:.2f}M" if row["trainable_params"] else "–"
+        lines.append(f"| {method} | {params} | " + " | ".join(cells)
                      + f" | {row['train_tokens']:,} | {row['train_seconds']:.0f}s | {row['eval_seconds']:.0f}s |")
     lines += ["", "The paper's Table 2 (Pythia, its own protocol on 500-item subsets, one seed), for reference:", "",
               "| model | method | params | LAMBADA | HellaSwag | ARC-E | PPL |", "|---|---|---|---|---|---|---|"]
@@ -226,13 +228,16 @@ def agreement_paragraph(report: dict) -> str:
             better = (delta < 0) if "PPL" in header else (delta > 0)
             paper_better = (theirs < 0) if "PPL" in header else (theirs > 0)
             width = max(ours["ci95"] or 0.0, base["ci95"] or 0.0)
-            sure = abs(delta) > width
-            parts.append(f"{header.split()[0]} {delta:+.3g}" + ("" if sure else " (within the interval)")
-                         + (" agrees" if better == paper_better else " disagrees") + f" with the paper's {theirs:+.3g}")
+            if delta == 0:
+                verdict = "no change"
+            else:
+                verdict = "same direction" if better == paper_better else "opposite direction"
+                verdict += "" if abs(delta) > width else ", within the interval"
+            parts.append(f"{header.split()[0]} {delta:+.3g} (paper {theirs:+.3g}: {verdict})")
         said.append(f"{method}: " + "; ".join(parts) + ".")
     ppl_key = "wikitext." + COLUMNS[protocol][3][1]
     ranking = sorted(rows, key=lambda m: rows[m]["metrics"][ppl_key]["mean"])
-    return (" ".join(said) + f" Ranked by WikiText perplexity (lower is better): {' < '.join(ranking)}; the paper's "
+    return ("Change over base, ours against the paper's Pythia-160M. " + " ".join(said) + f" Ranked by WikiText perplexity (lower is better): {' < '.join(ranking)}; the paper's "
             "160M ranking is preproj+skip < preproj+lora < lora < preproj < base. Training and the perplexity evaluation "
             "share a source (WikiText), so perplexity gains include in-domain adaptation, as in the paper. The base "
             "model, budget and protocol differ from the paper's, so only directions are comparable, not magnitudes.")
