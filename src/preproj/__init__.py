@@ -6,6 +6,7 @@ from .config import PreProjConfig  # noqa: E402
 from .attach import attach, detach, skip_norms, trainable_parameters, supported_model_types  # noqa: E402
 from .adapter import AdapterError, save_adapter, load_adapter  # noqa: E402
 from .loading import load_model  # noqa: E402
+from .evaluation import evaluate  # noqa: E402
 
 __all__ = [
     "PreProjConfig",
@@ -15,6 +16,7 @@ __all__ = [
     "load_adapter",
     "skip_norms",
     "load_model",
+    "evaluate",
     "trainable_parameters",
     "supported_model_types",
     "AdapterError",

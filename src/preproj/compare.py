@@ -76,6 +76,8 @@ class CompareArgs:
     """Override the preset's training steps."""
     limit: int | None = None
     """Override the preset's evaluation items per task."""
+    lr: float | None = None
+    """Override the preset's peak learning rate."""
     data_dir: str | None = None
     """Directory laid out as ../shared/data; default $PREPROJ_DATA_DIR."""
     out: str = "runs/compare"
@@ -123,8 +125,8 @@ def run_compare(args: CompareArgs, progress: bool = True) -> dict:
             if method != "base":
                 targs = TrainArgs(model=args.model, method=method, out=str(run_dir), seed=seed, data_dir=args.data_dir,
                                   resume=True, **preset["train"])
-                if args.steps:
-                    targs = replace(targs, steps=args.steps)
+                overrides = {k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v}
+                targs = replace(targs, **overrides)
                 summary, model = train(targs, model, tokenizer, progress=progress)
             train_seconds = time.monotonic() - t0
             tasks = {}
@@ -177,7 +179,7 @@ def summarise(runs: list[dict], methods: list[str], args: CompareArgs, protocol:
             "skip_norms": np.mean(norms, axis=0).tolist() if norms else None,
         }
     return {"model": args.model, "preset": args.preset, "protocol": protocol, "seeds": args.seeds,
-            "eval_limits": limits, "train": {**PRESETS[args.preset]["train"], **({"steps": args.steps} if args.steps else {})},
+            "eval_limits": limits, "train": {**PRESETS[args.preset]["train"], **{k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v}},
             "methods": table, "wall_seconds": seconds, "args": asdict(args)}
 
 
