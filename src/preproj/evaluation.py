@@ -341,6 +341,9 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] = TASKS, *, pro
             timings[task] = round(time.monotonic() - start, 2)
             if task == "hellaswag_full":
                 notes.append(datasets.HELLASWAG_FULL_NOTE)
+            if task == "hellaswag" and protocol == "paper" and datasets._local("hellaswag", data_dir):
+                notes.append("The local HellaSwag file is a shuffled 1000-record subset, so the paper protocol's "
+                             "'first 500' are not the paper's items; hellaswag_full keeps the original order.")
     finally:
         model.train(was_training)
     return {
