@@ -245,12 +245,17 @@ def agreement_paragraph(report: dict) -> str:
             "model, budget and protocol differ from the paper's, so only directions are comparable, not magnitudes.")
 
 
-def plot_skip_norms(norms: dict[str, list[float]], path: Path, model_name: str) -> None:
+def _pyplot():
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_skip_norms(norms: dict[str, list[float]], path: Path, model_name: str) -> None:
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for label, values in PAPER_SKIP_NORMS.items():
         ax.plot(np.linspace(0, 1, len(values)), values, "--", color="gray" if "160" in label else "silver",
@@ -267,11 +272,7 @@ def plot_skip_norms(norms: dict[str, list[float]], path: Path, model_name: str) 
 
 
 def plot_training_curves(runs: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for r in runs:
         if not r["log"]:
