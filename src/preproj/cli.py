@@ -83,10 +83,9 @@ def _eval(ns: argparse.Namespace) -> int:
     model, tokenizer = _load(args.model, args.adapter)
     results = evaluate(model, tokenizer, args.tasks, protocol=args.protocol, limit=args.limit, data_dir=args.data_dir,
                        max_length=args.max_length, batch_tokens=args.batch_tokens, precision=args.precision,
-                       model_name=args.model, adapter=args.adapter)
+                       model_name=args.model, adapter=args.adapter, out=args.out)
     print(format_results(results))
     if args.out:
-        write_json(args.out, results)
         print(f"wrote {args.out}")
     headline = ", ".join(
         f"{task} {key} {m[key]:.4g}" for task, m in results["tasks"].items()

@@ -24,6 +24,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import data as datasets
+from .adapter import write_json
 from .attach import supported_model_types
 
 TASKS = ("lambada", "wikitext", "hellaswag", "arc_easy")
@@ -323,8 +324,11 @@ def parse_tasks(tasks: str | list[str]) -> list[str]:
 def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] = TASKS, *, protocol: str = "harness",
              limit: int | None = None, data_dir: str | Path | None = None, max_length: int | None = None,
              batch_tokens: int = 1024, precision: str = "fp32", progress: bool = True,
-             model_name: str | None = None, adapter: str | None = None) -> dict:
-    """Evaluate `model` (adapted or not) and return the results dict that `preproj eval` writes."""
+             model_name: str | None = None, adapter: str | None = None, out: str | Path | None = None) -> dict:
+    """Evaluate `model` (adapted or not) and return the results dict that `preproj eval` writes.
+
+    With `out`, the JSON is rewritten (atomically) after every task, so a long run that is stopped
+    keeps what it finished."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}.")
     names = parse_tasks(tasks)
@@ -333,30 +337,35 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] = TASKS, *, pro
                           progress=progress)
     was_training = model.training
     model.eval()
-    results, notes, timings = {}, [], {}
-    try:
-        for task in names:
-            start = time.monotonic()
-            results[task] = run_task(score, task, protocol, limit, data_dir)
-            timings[task] = round(time.monotonic() - start, 2)
-            if task == "hellaswag_full":
-                notes.append(datasets.HELLASWAG_FULL_NOTE)
-            if task == "hellaswag" and protocol == "paper" and datasets._local("hellaswag", data_dir):
-                notes.append("The local HellaSwag file is a shuffled 1000-record subset, so the paper protocol's "
-                             "'first 500' are not the paper's items; hellaswag_full keeps the original order.")
-    finally:
-        model.train(was_training)
-    return {
+    report = {
         "model": model_name or getattr(model.config, "_name_or_path", None),
         "adapter": adapter,
         "protocol": protocol,
-        "tasks": results,
+        "tasks": {},
         "limit": limit if protocol == "harness" or limit is not None else PAPER_LIMIT,
         "max_length": score.max_length,
         "precision": precision,
-        "seconds": timings,
-        "notes": notes,
+        "seconds": {},
+        "notes": [],
     }
+    was_training = model.training
+    model.eval()
+    try:
+        for task in names:
+            start = time.monotonic()
+            report["tasks"][task] = run_task(score, task, protocol, limit, data_dir)
+            report["seconds"][task] = round(time.monotonic() - start, 2)
+            if task == "hellaswag_full":
+                report["notes"].append(datasets.HELLASWAG_FULL_NOTE)
+            if task == "hellaswag" and protocol == "paper" and datasets._local("hellaswag", data_dir):
+                report["notes"].append("The local HellaSwag file is a shuffled 1000-record subset, so the paper "
+                                       "protocol's 'first 500' are not the paper's items; hellaswag_full keeps the "
+                                       "original order.")
+            if out:
+                write_json(out, report)
+    finally:
+        model.train(was_training)
+    return report
 
 
 def format_results(r: dict) -> str:
