@@ -46,9 +46,9 @@ HEADERS = ["LAMBADA acc", "HellaSwag acc_norm", "ARC-E acc", "WikiText PPL"]
 PRESETS = {
     # Sized for the embedded SmolLM2-135M on 2 CPU cores: the whole comparison in under 30 minutes.
     "cpu": {
-        "train": dict(data="wikitext2", packing="pack", seq_len=256, batch_size=4, grad_accum=1, steps=40, lr=3e-4,
-                      warmup=4, precision="bf16-mixed", eval_every=10, eval_batches=4, save_every=10),
-        "eval": dict(protocol="harness", limits={"lambada": 200, "hellaswag": 100, "arc_easy": 200, "wikitext": 3},
+        "train": dict(data="wikitext2", packing="pack", seq_len=256, batch_size=4, grad_accum=1, steps=32, lr=3e-4,
+                      warmup=4, precision="bf16-mixed", eval_every=8, eval_batches=4, save_every=8),
+        "eval": dict(protocol="harness", limits={"lambada": 200, "hellaswag": 100, "arc_easy": 200, "wikitext": 2},
                      max_length=2048, precision="fp32"),
     },
     # The paper's exact protocol (PAPER.md §2), meant for a GPU.
