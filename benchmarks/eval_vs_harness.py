@@ -38,10 +38,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         write_local_tasks(Path(tmp), data, wikitext_docs=LIMITS["wikitext"])
         for k, (task, limit) in enumerate(LIMITS.items()):
-            def ours():
+            def ours(task=task, limit=limit):
                 return evaluate(model, tokenizer, [task], limit=limit, data_dir=data, progress=False)["tasks"][task]
 
-            def harness():
+            def harness(task=task, limit=limit):
                 return run_harness(model, tokenizer, [f"preproj_{task}"], limit=limit, batch_size=args.harness_batch_size,
                                    include_path=tmp)["results"][f"preproj_{task}"]
 

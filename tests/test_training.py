@@ -9,9 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from preproj import load_adapter
-from preproj.attach import adapter_state_dict
 from preproj.baselines import lora_params_per_rank, matched_lora_rank
-from preproj.training import TrainArgs, TrainingDiverged, build_method, load_checkpoint, lr_at, train
+from preproj.training import TrainArgs, TrainingDiverged, build_method, lr_at, train
 
 from conftest import CharTokenizer, tiny_model
 

@@ -28,7 +28,7 @@ class AdapterError(ValueError):
     """An adapter directory that cannot be loaded onto the given model."""
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
     """Write via a temporary file in the same directory and rename: readers never see half a file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
@@ -43,7 +43,7 @@ def _atomic_write(path: Path, write) -> None:
 def write_json(path: str | os.PathLike, data) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2) + "\n"))
+    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2) + "\n"))
 
 
 def _base_description(model: nn.Module) -> dict:
@@ -64,7 +64,7 @@ def save_adapter(model: nn.Module, directory: str | os.PathLike) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous().cpu() for k, v in adapter_state_dict(model).items()}
-    _atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     meta = {"peft_type": PEFT_TYPE, "preproj_version": __version__, **_base_description(model), "config": config.to_dict()}
     write_json(directory / CONFIG_NAME, meta)
     return directory

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,8 +21,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import data as datasets
-from .adapter import _atomic_write, save_adapter, write_json
-from .attach import attach, skip_norms, trainable_parameters
+from .adapter import atomic_write, save_adapter, write_json
+from .attach import attach, skip_norms
 from .baselines import attach_lora, matched_lora_rank
 from .config import PreProjConfig
 
@@ -152,7 +151,7 @@ def save_checkpoint(path: Path, model, optimizer, step: int, log_tail: list[dict
         "log_tail": json.dumps(log_tail),
     }
     path.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path / "state.pt", lambda tmp: torch.save(state, tmp))
+    atomic_write(path / "state.pt", lambda tmp: torch.save(state, tmp))
 
 
 def load_checkpoint(path: Path, model, optimizer) -> tuple[int, list[dict]]:
