@@ -163,5 +163,10 @@ def test_save_is_atomic_and_overwrites(trained):
     set_adapter(model, "random", seed=9)
     save_adapter(model, directory)
     assert not [p for p in directory.iterdir() if p.name.startswith(".")]  # no temp files left behind
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (directory / "adapter_model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
     tensors = load_file(directory / "adapter_model.safetensors")
     assert all(torch.equal(tensors[k], v) for k, v in adapter_state_dict(model).items())

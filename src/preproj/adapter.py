@@ -32,6 +32,9 @@ def atomic_write(path: Path, write) -> None:
     """Write via a temporary file in the same directory and rename: readers never see half a file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the mode a plain open() would
     try:
         write(tmp)
         os.replace(tmp, path)
