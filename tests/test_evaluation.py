@@ -109,3 +109,23 @@ def test_missing_data_says_which_file_and_how(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(datasets.DataNotFound, match=r"no file .*lambada/lambada_test.jsonl.*--data-dir"):
         datasets.lambada(tmp_path)
+
+
+def test_paper_protocol_definitions():
+    from preproj.evaluation import lambada_paper, wikitext_paper
+
+    model = tiny_model("llama")
+    score = LogLikelihood(model, CharTokenizer(), progress=False)
+    # LAMBADA (paper): items over 512 tokens are skipped, the rest scored by greedy exact match.
+    docs = [{"text": "a b c d e"}, {"text": "x " * 600 + "end"}]
+    result = lambada_paper(score, docs)
+    assert result["n"] == 1 and result["skipped_over_512_tokens"] == 1
+    # WikiText (paper): exp of the mean over lines of each line's mean token loss.
+    lines = ["the first line of text, long enough", "a second, different line"]
+    ref = []
+    for line in lines:
+        ids = torch.tensor([CharTokenizer().encode(line)])
+        with torch.no_grad():
+            lp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1).gather(1, ids[0, 1:, None])
+        ref.append(-float(lp.mean()))
+    assert wikitext_paper(score, lines)["perplexity"] == pytest.approx(math.exp(np.mean(ref)), rel=1e-5)
