@@ -70,7 +70,7 @@ def _load(model_name: str, adapter: str | None):
     print(f"loading {model_name}" + (f" + adapter {adapter}" if adapter else "") + " ...", file=sys.stderr)
     model, tokenizer = load_model(model_name)
     if adapter:
-        load_adapter(model, adapter)
+        model = load_adapter(model, adapter)  # a PeftModel for the LoRA baselines
     return model, tokenizer
 
 
