@@ -227,8 +227,8 @@ def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True) ->
     data_dir = datasets.resolve_data_dir(args.data_dir)
     train_lines, held_lines, data_desc = datasets.training_corpus(args.data, data_dir, lines=args.lines)
     ids, labels = datasets.tokenize_examples(train_lines, tokenizer, args.seq_len, args.packing)
-    held_ids, held_labels = datasets.tokenize_examples(held_lines, tokenizer, args.seq_len, args.packing)
-    held_ids, held_labels = held_ids[: args.eval_batches * args.batch_size], held_labels[: args.eval_batches * args.batch_size]
+    held_ids, held_labels = datasets.tokenize_examples(held_lines, tokenizer, args.seq_len, args.packing,
+                                                       max_examples=args.eval_batches * args.batch_size)
 
     optimizer = torch.optim.AdamW(params.values(), lr=args.lr, weight_decay=args.weight_decay)
     write_json(out / "train_config.json", {**asdict(args), "trainable_params": n_trainable, "data_description": data_desc})
