@@ -55,7 +55,8 @@ def test_killed_run_resumes_to_the_same_adapter_bitwise(tmp_path, corpus):
 
     calls = {"n": 0}
     model = tiny_model("llama")
-    forward = model.forward
+    body = model.model  # training runs the body and a fused LM-head loss
+    forward = body.forward
 
     def killed_forward(*a, **k):
         calls["n"] += 1
@@ -63,7 +64,7 @@ def test_killed_run_resumes_to_the_same_adapter_bitwise(tmp_path, corpus):
             raise KeyboardInterrupt("killed")
         return forward(*a, **k)
 
-    model.forward = killed_forward
+    body.forward = killed_forward
     with pytest.raises(KeyboardInterrupt):
         train(args_for(tmp_path, corpus, out=str(tmp_path / "killed")), model, CharTokenizer(), progress=False)
     state = torch.load(tmp_path / "killed" / "checkpoint" / "state.pt", weights_only=True)
@@ -79,17 +80,18 @@ def test_killed_run_resumes_to_the_same_adapter_bitwise(tmp_path, corpus):
 
 def test_nan_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path, corpus):
     model = tiny_model("llama")
-    forward = model.forward
+    body = model.model
+    forward = body.forward
     calls = {"n": 0}
 
     def poisoned(*a, **k):
         calls["n"] += 1
         out = forward(*a, **k)
         if calls["n"] > 2 + 2 * 4 + 2:  # held-out, 4 steps, held-out at step 4: poison step 5
-            out.loss = out.loss * float("nan")
+            out.last_hidden_state = out.last_hidden_state * float("nan")
         return out
 
-    model.forward = poisoned
+    body.forward = poisoned
     with pytest.raises(TrainingDiverged, match=r"Loss became nan at step 5.*last good checkpoint"):
         train(args_for(tmp_path, corpus), model, CharTokenizer(), progress=False)
     state = torch.load(tmp_path / "run" / "checkpoint" / "state.pt", weights_only=True)

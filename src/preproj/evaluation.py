@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from . import data as datasets
 from .adapter import write_json
-from .attach import supported_model_types
+from .loss import body_and_head
 
 TASKS = ("lambada", "wikitext", "hellaswag", "arc_easy")
 EXTRA_TASKS = ("hellaswag_full",)
@@ -74,11 +74,11 @@ class LogLikelihood:
         if precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}.")
         self.precision = precision
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT wrapper
-        self.body, self.head = base.base_model, base.get_output_embeddings()
-        # Families we know end the body with the final norm and apply the head plainly; for anything
-        # else fall back to the model's own logits (slower, but never wrong).
-        self.fast = base.config.model_type in supported_model_types() and self.body is not base
+        # Families whose logits are head(body(x)) get the head only where scored; anything else falls
+        # back to the model's own logits (slower, but never wrong).
+        parts = body_and_head(model)
+        self.fast = parts is not None
+        self.body, self.head = parts or (None, None)
         self.prefix_token_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
 
     def encode(self, text: str) -> list[int]:

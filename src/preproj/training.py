@@ -25,6 +25,7 @@ from .adapter import atomic_write, save_adapter, write_json
 from .attach import attach, skip_norms
 from .baselines import attach_lora, matched_lora_rank
 from .config import PreProjConfig
+from .loss import causal_lm_loss
 
 METHODS = ("preproj", "skip", "preproj+skip", "lora", "preproj+lora")
 PRECISIONS = ("bf16-mixed", "bf16", "fp32")
@@ -179,9 +180,9 @@ def heldout_loss(model, ids: torch.Tensor, labels: torch.Tensor, args: TrainArgs
     total, count = 0.0, 0
     for s in range(0, len(ids), args.batch_size):
         with _autocast(args.precision):
-            out = model(input_ids=ids[s : s + args.batch_size], labels=labels[s : s + args.batch_size])
+            loss = causal_lm_loss(model, ids[s : s + args.batch_size], labels[s : s + args.batch_size])
         n = int((labels[s : s + args.batch_size, 1:] != -100).sum())
-        total, count = total + float(out.loss) * n, count + n
+        total, count = total + float(loss) * n, count + n
     model.train(was)
     return total / max(count, 1)
 
@@ -253,7 +254,7 @@ def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True) ->
         for micro in range(args.grad_accum):
             idx = torch.from_numpy(batch_indices(step, micro, len(ids), args))
             with _autocast(args.precision):
-                loss = model(input_ids=ids[idx], labels=labels[idx]).loss / args.grad_accum
+                loss = causal_lm_loss(model, ids[idx], labels[idx]) / args.grad_accum
             if not torch.isfinite(loss):
                 raise TrainingDiverged(
                     f"Loss became {float(loss.detach())} at step {step + 1}; stopped. The last good checkpoint is in {ckpt}. "

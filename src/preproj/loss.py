@@ -1,0 +1,80 @@
+"""Next-token cross-entropy without the (B, T, vocab) logits tensor.
+
+`model(input_ids, labels=labels).loss` materialises fp32 logits for every position (SmolLM2: 49,152
+per token, 200 MB per 1,024 tokens), then a log-softmax, a zero-filled gradient of the same size and
+its backward. On CPU that was a fifth of a frozen-probe training step. Here the LM head and the loss
+run together over chunks of rows, and the gradient with respect to the hidden states is computed in
+the forward pass while each chunk's logits are still in cache (the idea of Liger's fused linear
+cross-entropy, in plain torch). The loss is the one transformers computes: mean over the targets
+that are not -100, logits in the compute dtype upcast to fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attach import supported_model_types
+
+CHUNK_ROWS = 256  # positions per chunk: (256, 49152) fp32 logits are 50 MB
+
+
+def body_and_head(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
+    """(the decoder body ending in its final norm, the LM head) for families whose logits are just
+    head(body(x)); None for anything else, whose own forward must then be used."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT wrapper
+    body, head = getattr(base, "base_model", base), base.get_output_embeddings()
+    plain = isinstance(head, nn.Linear) and head.bias is None
+    if base.config.model_type in supported_model_types() and body is not base and plain:
+        return body, head
+    return None
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """sum_i scale * CE(hidden_i @ weight.T, target_i), with d/d hidden computed chunk by chunk in forward."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, scale: float) -> torch.Tensor:
+        # hidden (N, d), weight (V, d), targets (N,) without ignored positions
+        device = hidden.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        want_grad = ctx.needs_input_grad[0]
+        if ctx.needs_input_grad[1]:
+            raise ValueError("LinearCrossEntropy does not train the LM head; freeze it or use the model's own loss.")
+        with torch.autocast(device, enabled=False):
+            h, w = hidden.to(dtype), weight.to(dtype)
+            total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+            grad = torch.empty_like(h) if want_grad else None  # (N, d)
+            for s in range(0, h.shape[0], CHUNK_ROWS):
+                t = targets[s : s + CHUNK_ROWS]
+                logits = (h[s : s + CHUNK_ROWS] @ w.T).float()  # (n, V)
+                lse = logits.logsumexp(dim=-1)  # (n,)
+                rows = torch.arange(len(t), device=t.device)
+                total += (lse - logits[rows, t]).sum()
+                if want_grad:  # d loss / d logits = scale * (softmax - one_hot), cast as autocast would
+                    probs = logits.sub_(lse[:, None]).exp_()
+                    probs[rows, t] -= 1
+                    grad[s : s + CHUNK_ROWS] = probs.mul_(scale).to(dtype) @ w
+        ctx.save_for_backward(grad.to(hidden.dtype) if want_grad else None)
+        return total * scale
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_output.to(grad.dtype), None, None, None
+
+
+def causal_lm_loss(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """What `model(input_ids=..., labels=...).loss` returns (labels shifted inside; -100 ignored)."""
+    targets = labels[:, 1:].reshape(-1)  # (B*(T-1),)
+    keep = targets != -100
+    n = int(keep.sum())
+    if n == 0:
+        raise ValueError("Every label after the first position is -100: there is nothing to compute a loss on.")
+    parts = body_and_head(model)
+    if parts is None or parts[1].weight.requires_grad:  # unknown family, or a head that trains
+        return model(input_ids=input_ids, labels=labels).loss
+    body, head = parts
+    hidden = body(input_ids=input_ids).last_hidden_state[:, :-1]  # (B, T-1, d)
+    hidden = hidden.reshape(-1, hidden.shape[-1])[keep]  # (n, d)
+    return LinearCrossEntropy.apply(hidden, head.weight, targets[keep], 1.0 / n)
