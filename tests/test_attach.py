@@ -157,6 +157,27 @@ def test_detach_restores_the_base_exactly(family):
     assert {n: p.requires_grad for n, p in model.named_parameters()} == grad_flags
     assert all(torch.equal(v, state_before[k]) for k, v in model.state_dict().items())
     assert not hasattr(model, "preproj_config")
+    assert not model.get_output_embeddings()._forward_pre_hooks
+
+
+def test_frozen_head_folds_the_last_position_slice_into_one_mm():
+    """generate() feeds the head hidden[:, -1:, :]; with the head frozen by attach, torch.matmul would
+    expand the weight per batch row and copy it (a bmm) unless the input is made contiguous."""
+    from torch.profiler import profile
+
+    model = attach(tiny_model("llama"), PreProjConfig())
+    hidden = torch.randn(4, 6, 64)[:, -1:, :]  # (B, 1, d), leading dims not contiguous
+    head = model.get_output_embeddings()
+    with profile() as prof:
+        out = head(hidden)
+    ops = {e.key for e in prof.key_averages()}
+    assert "aten::mm" in ops and "aten::bmm" not in ops
+    torch.testing.assert_close(out, hidden @ head.weight.T)
+    detach(model)
+    head.weight.requires_grad_(False)  # frozen, without the hook
+    with profile() as prof:
+        head(hidden)
+    assert "aten::bmm" in {e.key for e in prof.key_averages()}  # the quirk the hook works around, still in torch
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])

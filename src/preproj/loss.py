@@ -48,13 +48,16 @@ class LinearCrossEntropy(torch.autograd.Function):
             for s in range(0, h.shape[0], CHUNK_ROWS):
                 t = targets[s : s + CHUNK_ROWS]
                 logits = (h[s : s + CHUNK_ROWS] @ w.T).float()  # (n, V)
-                lse = logits.logsumexp(dim=-1)  # (n,)
                 rows = torch.arange(len(t), device=t.device)
-                total += (lse - logits[rows, t]).sum()
+                target_logits = logits[rows, t]  # (n,)
+                top = logits.amax(dim=-1, keepdim=True)  # (n, 1)
+                exp = logits.sub_(top).exp_()  # (n, V), in place: one exp pass serves loss and gradient
+                sum_exp = exp.sum(dim=-1)  # (n,)
+                total += (top.squeeze(1) + sum_exp.log() - target_logits).sum()
                 if want_grad:  # d loss / d logits = scale * (softmax - one_hot), cast as autocast would
-                    probs = logits.sub_(lse[:, None]).exp_()
-                    probs[rows, t] -= 1
-                    grad[s : s + CHUNK_ROWS] = probs.mul_(scale).to(dtype) @ w
+                    probs = exp.mul_((scale / sum_exp)[:, None])
+                    probs[rows, t] -= scale
+                    grad[s : s + CHUNK_ROWS] = probs.to(dtype) @ w
         ctx.save_for_backward(grad.to(hidden.dtype) if want_grad else None)
         return total * scale
 

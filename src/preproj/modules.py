@@ -12,10 +12,17 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from .config import PreProjConfig
 
-_ACTIVATIONS = {"silu": nn.SiLU, "gelu": nn.GELU, "relu": nn.ReLU}
+_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+
+
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # A same-dtype .to() is a no-op that still costs a dispatcher call; at batch-1 decoding these
+    # calls are a visible share of the adapter's overhead.
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 class PreProjection(nn.Module):
@@ -24,14 +31,19 @@ class PreProjection(nn.Module):
     def __init__(self, d: int, hidden: int, activation: str = "silu", dtype: torch.dtype = torch.float32, device=None):
         super().__init__()
         self.up = nn.Linear(d, hidden, bias=False, dtype=dtype, device=device)  # (hidden, d)
-        self.act = _ACTIVATIONS[activation]()
         self.down = nn.Linear(hidden, d, bias=False, dtype=dtype, device=device)  # (d, hidden)
+        self.activation = activation
+        self._act = _ACTIVATIONS[activation]
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation}"
 
     def forward(self, x_hat: torch.Tensor) -> torch.Tensor:  # (B, T, d) -> (B, T, d)
         # Adapter weights may be fp32 masters on a bf16 base: compute in the adapter's dtype
         # (autocast still picks the matmul dtype) and hand the base its own dtype back.
-        delta = self.down(self.act(self.up(x_hat.to(self.up.weight.dtype))))
-        return x_hat + delta.to(x_hat.dtype)
+        x = _as(x_hat, self.up.weight.dtype)
+        delta = F.linear(self._act(F.linear(x, self.up.weight)), self.down.weight)  # (B, T, hidden) -> (B, T, d)
+        return x_hat + _as(delta, x_hat.dtype)
 
 
 class PreProjAttention(nn.Module):
@@ -79,5 +91,5 @@ class PreProjAttention(nn.Module):
         if self.skip is None:
             return out
         attn_out = out[0] if isinstance(out, tuple) else out  # (B, T, d)
-        attn_out = attn_out + self.skip(x_tilde.to(self.skip.weight.dtype)).to(attn_out.dtype)
+        attn_out = attn_out + _as(F.linear(_as(x_tilde, self.skip.weight.dtype), self.skip.weight), attn_out.dtype)
         return (attn_out, *out[1:]) if isinstance(out, tuple) else attn_out
