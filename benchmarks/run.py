@@ -1,0 +1,378 @@
+"""Speed and memory of preproj on the embedded model, as ratios measured side by side in one run.
+
+    python benchmarks/run.py [--model smollm2-135m] [--out benchmarks/results/bench.json] [--only train,generate,...]
+
+Sections (each prints as it goes; the table and the targets come at the end; JSON goes to --out):
+
+  peak      the bf16 and fp32 matmul peak of this machine: the best of large square and model-shaped
+            products, measured before and after the training section (the larger counts)
+  train     one frozen-probe training step (batch 4 x seq 256: autocast, fused loss, backward, clip,
+            AdamW) for preproj+skip, parameter-matched LoRA and the bare base (a frozen base whose
+            embedding output requires grad, so backward runs through every layer as for any adapter),
+            in bf16 autocast and fp32. FLOPs: the matmuls torch actually ran (FlopCounterMode) plus
+            attention at 12 L T d per token (nanoGPT's convention; the CPU flash kernel is not counted
+            by FlopCounterMode). MFU = FLOP/s over the peak of the same dtype.
+  generate  greedy tokens/s, adapted (preproj+skip, paper init) over base, batch 1 and 8, fp32 and bf16
+  kv        K/V cache bytes after a 1024-token prefill, adapted over base
+  eval      `preproj eval` time over lm-evaluation-harness HFLM time, same items, model and dtype
+  memory    peak resident memory of a 4-step `preproj train` run and of a `preproj eval` run, each in
+            a fresh process, next to the resident memory of just loading the model
+
+Rounds are interleaved (A B C, A B C, ...) and each figure is the median over rounds, so a machine
+that slows down mid-run slows every contender alike. The ratios are what count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from preproj import PreProjConfig, attach, load_model
+from preproj.adapter import write_json
+from preproj.attach import decoder_layers
+from preproj.inspection import kv_cache_bytes
+from preproj.loss import causal_lm_loss
+from preproj.training import build_method, make_optimizer
+
+TARGETS = {  # name: (comparison, bound, what it says)
+    "train_mfu_bf16": (">=", 0.60, "preproj+skip training MFU, bf16"),
+    "train_step_vs_lora": ("<=", 1.05, "preproj+skip step time / param-matched LoRA's"),
+    "bf16_speedup": (">=", 1.8, "preproj+skip step: fp32 time / bf16-autocast time"),
+    "generation_overhead": ("<=", 1.30, "greedy generation time, adapted / base (worst of batch 1, 8)"),
+    "kv_cache_ratio": ("==", 1.0, "K/V cache bytes, adapted / base"),
+    "eval_vs_harness": ("<=", 1.0, "preproj eval time / harness HFLM time"),
+}
+BATCH, SEQ = 4, 256
+EVAL_LIMITS = {"lambada": 200, "hellaswag": 50, "arc_easy": 100, "wikitext": 3}
+
+
+def median_time(fns: dict, rounds: int) -> dict[str, float]:
+    """Seconds per call of each fn, median over `rounds` interleaved rounds (after one warm-up call each)."""
+    for fn in fns.values():
+        fn()
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+# --- peak ----------------------------------------------------------------------------------------
+
+def matmul_peak(dtype: torch.dtype, d: int, ffn: int, seconds: float = 1.0) -> float:
+    """FLOP/s of the best of several large products in `dtype`: square ones and the model's own shapes."""
+    shapes = [(n, n, n) for n in (1024, 2048, 3072)] + [(BATCH * SEQ, d, d), (BATCH * SEQ, d, ffn), (BATCH * SEQ, ffn, d)]
+    best = 0.0
+    for m, k, n in shapes:
+        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+        a @ b
+        calls, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds / len(shapes) or calls < 3:
+            a @ b
+            calls += 1
+        best = max(best, 2 * m * k * n * calls / (time.perf_counter() - start))
+    return best
+
+
+# --- train ---------------------------------------------------------------------------------------
+
+def training_setup(base, method: str):
+    """(model, optimizer or None) ready for `train_step`; the base is deep-copied, never modified."""
+    model = copy.deepcopy(base)
+    if method == "base":
+        model.requires_grad_(False)
+        model.get_input_embeddings().register_forward_hook(lambda mod, inp, out: out.requires_grad_())
+        model.train()
+        return model, None
+    model = build_method(model, method).train()
+    return model, make_optimizer([p for p in model.parameters() if p.requires_grad], lr=1e-6)
+
+
+def train_step(model, optimizer, ids: torch.Tensor, precision: str) -> None:
+    """What one `preproj train` micro-step with one micro-batch does (training.py's loop)."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        loss = causal_lm_loss(model, ids, ids)
+    loss.backward()
+    if optimizer is not None:
+        torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def step_flops(model, optimizer, ids: torch.Tensor, precision: str) -> float:
+    counter = FlopCounterMode(display=False)
+    with counter:
+        train_step(model, optimizer, ids, precision)
+    counted = counter.get_flop_counts()["Global"]
+    if any("scaled_dot_product" in str(op) for op in counted):
+        raise RuntimeError("FlopCounterMode counted attention; drop the analytic attention term.")
+    cfg = model.config if hasattr(model, "config") else model.get_base_model().config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    attention = 12 * cfg.num_hidden_layers * ids.shape[1] * cfg.num_attention_heads * head_dim * ids.numel()
+    return counter.get_total_flops() + attention
+
+
+def bench_train(base, rounds: int, log, batch: int = BATCH, seq: int = SEQ) -> dict:
+    ids = torch.randint(0, base.config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
+    setups = {m: training_setup(base, m) for m in ("preproj+skip", "lora", "base")}
+    steps, flops = {}, {}
+    for (method, (model, opt)) in setups.items():
+        for precision in ("bf16", "fp32"):
+            steps[f"{method}/{precision}"] = lambda m=model, o=opt, p=precision: train_step(m, o, ids, p)
+        flops[method] = step_flops(model, opt, ids, "bf16")
+        log(f"  {method}: {flops[method] / 1e9:.0f} GFLOP per step of {ids.numel()} tokens")
+    log(f"  timing {len(steps)} configurations x {rounds} rounds ...")
+    seconds = median_time(steps, rounds)
+    rows = {}
+    for key, s in seconds.items():
+        method, precision = key.split("/")
+        rows[key] = {"method": method, "precision": precision, "step_s": s, "tokens_per_s": ids.numel() / s,
+                     "flops_per_step": flops[method], "flop_per_s": flops[method] / s}
+        log(f"  {key:<18} {s:6.2f} s/step  {ids.numel() / s:6.0f} tok/s  {flops[method] / s / 1e9:6.1f} GFLOP/s")
+    trainable = {m: sum(p.numel() for p in model.parameters() if p.requires_grad) for m, (model, _) in setups.items()}
+    return {"batch": batch, "seq_len": seq, "rows": rows, "trainable_params": trainable}
+
+
+# --- generate, kv ----------------------------------------------------------------------------------
+
+def linear_weights(model) -> int:
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def bench_generate(base, rounds: int, new_tokens: int, log) -> dict:
+    adapted = attach(copy.deepcopy(base), PreProjConfig())
+    flop_ratio = linear_weights(adapted) / linear_weights(base)  # matmul FLOPs per generated token
+    rows = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        models = {"base": base, "adapted": adapted}
+        if dtype != torch.float32:  # copies: a round trip through bf16 would change the base for later sections
+            models = {k: copy.deepcopy(m).to(dtype) for k, m in models.items()}
+        for batch in (1, 8):
+            ids = torch.randint(0, base.config.vocab_size, (batch, 32), generator=torch.Generator().manual_seed(batch))
+            kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                      do_sample=False, pad_token_id=0)
+            s = median_time({k: (lambda m=m: m.generate(ids, **kw)) for k, m in models.items()}, rounds)
+            key = f"{str(dtype).removeprefix('torch.')}/batch{batch}"
+            rows[key] = {"base_tok_s": batch * new_tokens / s["base"], "adapted_tok_s": batch * new_tokens / s["adapted"],
+                         "ratio": s["adapted"] / s["base"]}
+            log(f"  {key:<16} base {rows[key]['base_tok_s']:6.1f} tok/s  adapted {rows[key]['adapted_tok_s']:6.1f} tok/s  "
+                f"time ratio {rows[key]['ratio']:.3f}")
+    return {"prompt_tokens": 32, "new_tokens": new_tokens, "flop_ratio": flop_ratio, "rows": rows}
+
+
+def bench_kv(base) -> dict:
+    adapted = attach(copy.deepcopy(base), PreProjConfig())
+    b, a = kv_cache_bytes(base, 1024, base.config.vocab_size), kv_cache_bytes(adapted, 1024, base.config.vocab_size)
+    return {"context": 1024, "base_bytes": b, "adapted_bytes": a, "ratio": a / b}
+
+
+# --- eval ------------------------------------------------------------------------------------------
+
+def bench_eval(base, tokenizer, data: Path, limits: dict, harness_batch: int, log) -> dict:
+    from preproj.evaluation import evaluate
+    from preproj.harness import run_harness, write_local_tasks
+
+    model = attach(copy.deepcopy(base), PreProjConfig())  # an adapted model, as users evaluate one
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        write_local_tasks(Path(tmp), data, wikitext_docs=limits["wikitext"])
+        for k, (task, limit) in enumerate(limits.items()):
+            runs = {
+                "preproj": lambda t=task, n=limit: evaluate(model, tokenizer, [t], limit=n, data_dir=data, progress=False),
+                "harness": lambda t=task, n=limit: run_harness(model, tokenizer, [f"preproj_{t}"], limit=n,
+                                                               batch_size=harness_batch, include_path=tmp),
+            }
+            order = list(runs) if k % 2 == 0 else list(runs)[::-1]  # neither always runs on a warmer machine
+            seconds = {}
+            for name in order:
+                start = time.perf_counter()
+                runs[name]()
+                seconds[name] = time.perf_counter() - start
+            rows.append({"task": task, "limit": limit, "preproj_s": seconds["preproj"], "harness_s": seconds["harness"],
+                         "ratio": seconds["preproj"] / seconds["harness"]})
+            log(f"  {task:<10} n={limit:<4} preproj {seconds['preproj']:6.1f} s  harness {seconds['harness']:6.1f} s  "
+                f"ratio {rows[-1]['ratio']:.2f}")
+    total = sum(r["preproj_s"] for r in rows) / sum(r["harness_s"] for r in rows)
+    return {"harness_batch_size": harness_batch, "rows": rows, "ratio": total}
+
+
+# --- memory (each job in a fresh process) ----------------------------------------------------------
+
+def child(job: str, model_name: str, data: str | None) -> None:
+    """Run one job and print {"peak_rss_bytes": ...} as the last line of stdout."""
+    if job == "load":
+        load_model(model_name)
+    elif job == "train":
+        from preproj.training import TrainArgs, train
+
+        with tempfile.TemporaryDirectory() as tmp:
+            train(TrainArgs(model=model_name, out=tmp + "/run", data_dir=data, steps=4, eval_every=4, save_every=4),
+                  progress=False)
+    elif job == "eval":
+        from preproj.evaluation import evaluate
+
+        model, tokenizer = load_model(model_name)
+        evaluate(model, tokenizer, ["lambada"], limit=100, data_dir=data, progress=False)
+        evaluate(model, tokenizer, ["wikitext"], limit=2, data_dir=data, max_length=2048, progress=False)
+    print(json.dumps({"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+
+
+def bench_memory(model_name: str, data: Path, log) -> dict:
+    out = {}
+    for job in ("load", "train", "eval"):
+        proc = subprocess.run([sys.executable, __file__, "--child", job, "--model", model_name, "--data-dir", str(data)],
+                              capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"})
+        if proc.returncode != 0:
+            raise RuntimeError(f"memory job {job!r} failed:\n{proc.stderr[-2000:]}")
+        out[job] = json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss_bytes"]
+        log(f"  {job:<6} peak RSS {out[job] / 2**30:.2f} GiB")
+    return {"peak_rss_bytes": out, "jobs": {"load": "load_model only", "train": "preproj train, 4 steps x 4 x 256, bf16-mixed",
+                                            "eval": "preproj eval, 100 LAMBADA items and 2 WikiText documents at max length 2048, fp32"}}
+
+
+# --- report ----------------------------------------------------------------------------------------
+
+def figures(r: dict) -> dict[str, float]:
+    f = {}
+    if "train" in r:
+        rows, peak = r["train"]["rows"], r["peak"]
+        f["train_mfu_bf16"] = rows["preproj+skip/bf16"]["flop_per_s"] / peak["bf16_flop_per_s"]
+        f["train_step_vs_lora"] = rows["preproj+skip/bf16"]["step_s"] / rows["lora/bf16"]["step_s"]
+        f["bf16_speedup"] = rows["preproj+skip/fp32"]["step_s"] / rows["preproj+skip/bf16"]["step_s"]
+    if "generate" in r:
+        f["generation_overhead"] = max(row["ratio"] for row in r["generate"]["rows"].values())
+    if "kv" in r:
+        f["kv_cache_ratio"] = r["kv"]["ratio"]
+    if "eval" in r:
+        f["eval_vs_harness"] = r["eval"]["ratio"]
+    return f
+
+
+def met(name: str, value: float) -> bool:
+    op, bound, _ = TARGETS[name]
+    return {">=": value >= bound, "<=": value <= bound, "==": value == bound}[op]
+
+
+def format_table(r: dict) -> str:
+    lines = []
+    if "train" in r:
+        peak = r["peak"]
+        lines += ["", f"Training step, batch {r['train']['batch']} x seq {r['train']['seq_len']} (matmul peak: bf16 {peak['bf16_flop_per_s'] / 1e9:.0f}, "
+                      f"fp32 {peak['fp32_flop_per_s'] / 1e9:.0f} GFLOP/s)",
+                  "| method | precision | step (s) | tokens/s | GFLOP/s | MFU |", "|---|---|---|---|---|---|"]
+        for row in r["train"]["rows"].values():
+            mfu = row["flop_per_s"] / peak[f"{row['precision']}_flop_per_s"]
+            lines.append(f"| {row['method']} | {row['precision']} | {row['step_s']:.2f} | {row['tokens_per_s']:.0f} | "
+                         f"{row['flop_per_s'] / 1e9:.0f} | {mfu:.0%} |")
+    if "generate" in r:
+        g = r["generate"]
+        lines += ["", f"Greedy generation, {g['prompt_tokens']}-token prompt + {g['new_tokens']} tokens "
+                      f"(matmul FLOP ratio adapted/base {g['flop_ratio']:.3f})",
+                  "| dtype / batch | base tok/s | adapted tok/s | time ratio |", "|---|---|---|---|"]
+        for key, row in g["rows"].items():
+            lines.append(f"| {key} | {row['base_tok_s']:.1f} | {row['adapted_tok_s']:.1f} | {row['ratio']:.3f} |")
+    if "kv" in r:
+        kv = r["kv"]
+        lines += ["", f"K/V cache at {kv['context']} tokens: base {kv['base_bytes']:,} B, adapted {kv['adapted_bytes']:,} B"]
+    if "eval" in r:
+        lines += ["", f"preproj eval vs lm-evaluation-harness HFLM (batch {r['eval']['harness_batch_size']}), adapted model, fp32",
+                  "| task | items | preproj (s) | harness (s) | ratio |", "|---|---|---|---|---|"]
+        for row in r["eval"]["rows"]:
+            lines.append(f"| {row['task']} | {row['limit']} | {row['preproj_s']:.1f} | {row['harness_s']:.1f} | {row['ratio']:.2f} |")
+    if "memory" in r:
+        rss = r["memory"]["peak_rss_bytes"]
+        lines += ["", "Peak resident memory: " + ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in rss.items())]
+    if r["targets"]:
+        lines += ["", "| target | measured | bound | met |", "|---|---|---|---|"]
+        for name, t in r["targets"].items():
+            lines.append(f"| {t['what']} | {t['value']:.3f} | {t['op']} {t['bound']} | {'yes' if t['met'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--data-dir", default=None, help="default: $PREPROJ_DATA_DIR")
+    parser.add_argument("--out", default="benchmarks/results/bench.json")
+    parser.add_argument("--only", default="peak,train,generate,kv,eval,memory", help="comma-separated sections")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per figure")
+    parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per generation call")
+    parser.add_argument("--harness-batch-size", type=int, default=16)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.child, args.model, args.data_dir)
+
+    from preproj.data import resolve_data_dir
+
+    sections = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = set(sections) - {"peak", "train", "generate", "kv", "eval", "memory"}
+    if unknown:
+        raise SystemExit(f"Unknown sections {sorted(unknown)}; choose from peak,train,generate,kv,eval,memory.")
+    data = resolve_data_dir(args.data_dir)
+    if data is None and {"eval", "memory"} & set(sections):
+        raise SystemExit("The eval and memory sections need the data: set --data-dir or PREPROJ_DATA_DIR (../shared/data).")
+    wall = time.monotonic()
+
+    def log(msg: str) -> None:
+        print(f"[{time.monotonic() - wall:6.0f}s] {msg}", flush=True)
+
+    log(f"loading {args.model}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    base, tokenizer = load_model(args.model)
+    base.eval()
+    d, ffn = base.config.hidden_size, getattr(base.config, "intermediate_size", 4 * base.config.hidden_size)
+    r = {"model": args.model, "torch": torch.__version__, "threads": torch.get_num_threads(), "rounds": args.rounds}
+
+    def peak() -> None:
+        for dtype in ("bf16", "fp32"):
+            value = matmul_peak(torch.bfloat16 if dtype == "bf16" else torch.float32, d, ffn)
+            r.setdefault("peak", {})[f"{dtype}_flop_per_s"] = max(value, r.get("peak", {}).get(f"{dtype}_flop_per_s", 0))
+        log(f"  matmul peak: bf16 {r['peak']['bf16_flop_per_s'] / 1e9:.0f}, fp32 {r['peak']['fp32_flop_per_s'] / 1e9:.0f} GFLOP/s")
+
+    if "peak" in sections or "train" in sections:
+        log("peak: matmul roofline")
+        peak()
+    if "train" in sections:
+        log("train: one frozen-probe step per method and precision")
+        r["train"] = bench_train(base, args.rounds, log)
+        log("peak: again, after training")
+        peak()
+    if "generate" in sections:
+        log(f"generate: greedy, {args.new_tokens} new tokens")
+        r["generate"] = bench_generate(base, args.rounds, args.new_tokens, log)
+    if "kv" in sections:
+        r["kv"] = bench_kv(base)
+        log(f"kv: adapted/base = {r['kv']['ratio']:.6f}")
+    if "eval" in sections:
+        log("eval: preproj eval vs lm-evaluation-harness")
+        r["eval"] = bench_eval(base, tokenizer, data, EVAL_LIMITS, args.harness_batch_size, log)
+    if "memory" in sections:
+        log("memory: peak RSS of fresh processes")
+        r["memory"] = bench_memory(args.model, data, log)
+
+    r["targets"] = {name: {"what": TARGETS[name][2], "value": value, "op": TARGETS[name][0], "bound": TARGETS[name][1],
+                           "met": met(name, value)} for name, value in figures(r).items()}
+    r["wall_seconds"] = time.monotonic() - wall
+    write_json(args.out, r)
+    print(format_table(r))
+    missed = [t["what"] for t in r["targets"].values() if not t["met"]]
+    print(f"\nsummary: {len(r['targets']) - len(missed)}/{len(r['targets'])} targets met"
+          + (f" (missed: {'; '.join(missed)})" if missed else "") + f"; {r['wall_seconds'] / 60:.1f} min; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""benchmarks/run.py on a tiny model: its sections run, and the FLOPs it counts are the right ones.
+
+No timing is asserted here; the benchmark itself prints the measured ratios."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import tiny_model
+
+RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("preproj_bench", RUN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_train_section_counts_exactly_the_matmuls_a_frozen_probe_needs(bench):
+    base = tiny_model("llama")  # d=64, 3 layers, pre-projection width 80
+    r = bench.bench_train(base, rounds=1, log=lambda msg: None, batch=2, seq=16)
+    rows, tokens = r["rows"], 2 * 16
+    assert set(rows) == {f"{m}/{p}" for m in ("preproj+skip", "lora", "base") for p in ("bf16", "fp32")}
+    assert all(row["step_s"] > 0 and row["tokens_per_s"] > 0 for row in rows.values())
+    d, h = 64, 80
+    adapter = r["trainable_params"]["preproj+skip"]
+    assert adapter == 3 * (2 * d * h + d * d)
+    # Over the bare base's step, the adapter adds forward (2N), input-gradient (2N) and weight-gradient (2N)
+    # matmuls per token, except the input gradient of layer 0's W_up: nothing below it trains.
+    extra = rows["preproj+skip/bf16"]["flops_per_step"] - rows["base/bf16"]["flops_per_step"]
+    assert extra == tokens * (6 * adapter - 2 * d * h)
+    assert base.model.layers[0].self_attn.__class__.__name__ != "PreProjAttention"  # the base was copied, not changed
+
+
+def test_generate_kv_and_the_targets_table(bench):
+    base = tiny_model("gpt_neox")
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    g = bench.bench_generate(base, rounds=1, new_tokens=3, log=lambda msg: None)
+    assert set(g["rows"]) == {"float32/batch1", "float32/batch8", "bfloat16/batch1", "bfloat16/batch8"}
+    assert g["flop_ratio"] > 1
+    assert all(torch.equal(v, before[k]) for k, v in base.state_dict().items())  # bf16 runs used copies
+    kv = bench.bench_kv(base)
+    assert kv["ratio"] == 1.0 and kv["base_bytes"] > 0
+
+    r = {"generate": g, "kv": kv}
+    r["targets"] = {n: {"what": bench.TARGETS[n][2], "value": v, "op": bench.TARGETS[n][0],
+                        "bound": bench.TARGETS[n][1], "met": bench.met(n, v)} for n, v in bench.figures(r).items()}
+    assert r["targets"]["kv_cache_ratio"]["met"]
+    table = bench.format_table(r)
+    assert "K/V cache" in table and "float32/batch8" in table
