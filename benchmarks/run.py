@@ -18,8 +18,9 @@ Sections (each prints as it goes; the table and the targets come at the end; JSO
   memory    peak resident memory of a 4-step `preproj train` run and of a `preproj eval` run, each in
             a fresh process, next to the resident memory of just loading the model
 
-Rounds are interleaved (A B C, A B C, ...) and each figure is the median over rounds, so a machine
-that slows down mid-run slows every contender alike. The ratios are what count.
+Rounds are interleaved (A B C, A B C, ...); times are medians over rounds and each ratio is the
+median of the per-round ratios, so a machine that slows down mid-run slows every contender alike.
+The ratios are what count.
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ BATCH, SEQ = 4, 256
 EVAL_LIMITS = {"lambada": 200, "hellaswag": 50, "arc_easy": 100, "wikitext": 3}
 
 
-def median_time(fns: dict, rounds: int) -> dict[str, float]:
-    """Seconds per call of each fn, median over `rounds` interleaved rounds (after one warm-up call each)."""
+def interleaved_times(fns: dict, rounds: int) -> dict[str, list[float]]:
+    """Seconds of each call of each fn over `rounds` interleaved rounds (after one warm-up call each)."""
     for fn in fns.values():
         fn()
     times = {name: [] for name in fns}
@@ -68,7 +69,13 @@ def median_time(fns: dict, rounds: int) -> dict[str, float]:
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times
+
+
+def paired_ratio(times: dict[str, list[float]], num: str, den: str) -> float:
+    """Median over rounds of num's time over den's time in the same round: neighbours in time share the
+    machine's state, so this is steadier than a ratio of medians on a noisy machine."""
+    return statistics.median(a / b for a, b in zip(times[num], times[den]))
 
 
 # --- peak ----------------------------------------------------------------------------------------
@@ -136,15 +143,18 @@ def bench_train(base, rounds: int, log, batch: int = BATCH, seq: int = SEQ) -> d
         flops[method] = step_flops(model, opt, ids, "bf16")
         log(f"  {method}: {flops[method] / 1e9:.0f} GFLOP per step of {ids.numel()} tokens")
     log(f"  timing {len(steps)} configurations x {rounds} rounds ...")
-    seconds = median_time(steps, rounds)
+    times = interleaved_times(steps, rounds)
     rows = {}
-    for key, s in seconds.items():
+    for key, t in times.items():
+        s = statistics.median(t)
         method, precision = key.split("/")
         rows[key] = {"method": method, "precision": precision, "step_s": s, "tokens_per_s": ids.numel() / s,
-                     "flops_per_step": flops[method], "flop_per_s": flops[method] / s}
+                     "flops_per_step": flops[method], "flop_per_s": flops[method] / s, "round_seconds": t}
         log(f"  {key:<18} {s:6.2f} s/step  {ids.numel() / s:6.0f} tok/s  {flops[method] / s / 1e9:6.1f} GFLOP/s")
     trainable = {m: sum(p.numel() for p in model.parameters() if p.requires_grad) for m, (model, _) in setups.items()}
-    return {"batch": batch, "seq_len": seq, "rows": rows, "trainable_params": trainable}
+    ratios = {"step_vs_lora": paired_ratio(times, "preproj+skip/bf16", "lora/bf16"),
+              "bf16_speedup": paired_ratio(times, "preproj+skip/fp32", "preproj+skip/bf16")}
+    return {"batch": batch, "seq_len": seq, "rows": rows, "paired_ratios": ratios, "trainable_params": trainable}
 
 
 # --- generate, kv ----------------------------------------------------------------------------------
@@ -165,10 +175,11 @@ def bench_generate(base, rounds: int, new_tokens: int, log) -> dict:
             ids = torch.randint(0, base.config.vocab_size, (batch, 32), generator=torch.Generator().manual_seed(batch))
             kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                       do_sample=False, pad_token_id=0)
-            s = median_time({k: (lambda m=m: m.generate(ids, **kw)) for k, m in models.items()}, rounds)
+            t = interleaved_times({k: (lambda m=m: m.generate(ids, **kw)) for k, m in models.items()}, rounds)
             key = f"{str(dtype).removeprefix('torch.')}/batch{batch}"
-            rows[key] = {"base_tok_s": batch * new_tokens / s["base"], "adapted_tok_s": batch * new_tokens / s["adapted"],
-                         "ratio": s["adapted"] / s["base"]}
+            rows[key] = {"base_tok_s": batch * new_tokens / statistics.median(t["base"]),
+                         "adapted_tok_s": batch * new_tokens / statistics.median(t["adapted"]),
+                         "ratio": paired_ratio(t, "adapted", "base"), "round_seconds": t}
             log(f"  {key:<16} base {rows[key]['base_tok_s']:6.1f} tok/s  adapted {rows[key]['adapted_tok_s']:6.1f} tok/s  "
                 f"time ratio {rows[key]['ratio']:.3f}")
     return {"prompt_tokens": 32, "new_tokens": new_tokens, "flop_ratio": flop_ratio, "rows": rows}
@@ -214,8 +225,10 @@ def bench_eval(base, tokenizer, data: Path, limits: dict, harness_batch: int, lo
 
 def child(job: str, model_name: str, data: str | None) -> None:
     """Run one job and print {"peak_rss_bytes": ...} as the last line of stdout."""
-    if job == "load":
-        load_model(model_name)
+    if job == "load":  # and one short forward, so that every weight page is really resident
+        model, _ = load_model(model_name)
+        with torch.no_grad():
+            model(torch.zeros(1, 128, dtype=torch.long))
     elif job == "train":
         from preproj.training import TrainArgs, train
 
@@ -228,7 +241,20 @@ def child(job: str, model_name: str, data: str | None) -> None:
         model, tokenizer = load_model(model_name)
         evaluate(model, tokenizer, ["lambada"], limit=100, data_dir=data, progress=False)
         evaluate(model, tokenizer, ["wikitext"], limit=2, data_dir=data, max_length=2048, progress=False)
-    print(json.dumps({"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+    print(json.dumps({"peak_rss_bytes": peak_rss_bytes()}))
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory. Linux's VmHWM starts afresh at exec; ru_maxrss would
+    carry over the peak of the parent that forked us."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
+
 
 
 def bench_memory(model_name: str, data: Path, log) -> dict:
@@ -240,7 +266,7 @@ def bench_memory(model_name: str, data: Path, log) -> dict:
             raise RuntimeError(f"memory job {job!r} failed:\n{proc.stderr[-2000:]}")
         out[job] = json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss_bytes"]
         log(f"  {job:<6} peak RSS {out[job] / 2**30:.2f} GiB")
-    return {"peak_rss_bytes": out, "jobs": {"load": "load_model only", "train": "preproj train, 4 steps x 4 x 256, bf16-mixed",
+    return {"peak_rss_bytes": out, "jobs": {"load": "load_model and one 128-token forward", "train": "preproj train, 4 steps x 4 x 256, bf16-mixed",
                                             "eval": "preproj eval, 100 LAMBADA items and 2 WikiText documents at max length 2048, fp32"}}
 
 
@@ -251,8 +277,8 @@ def figures(r: dict) -> dict[str, float]:
     if "train" in r:
         rows, peak = r["train"]["rows"], r["peak"]
         f["train_mfu_bf16"] = rows["preproj+skip/bf16"]["flop_per_s"] / peak["bf16_flop_per_s"]
-        f["train_step_vs_lora"] = rows["preproj+skip/bf16"]["step_s"] / rows["lora/bf16"]["step_s"]
-        f["bf16_speedup"] = rows["preproj+skip/fp32"]["step_s"] / rows["preproj+skip/bf16"]["step_s"]
+        f["train_step_vs_lora"] = r["train"]["paired_ratios"]["step_vs_lora"]
+        f["bf16_speedup"] = r["train"]["paired_ratios"]["bf16_speedup"]
     if "generate" in r:
         f["generation_overhead"] = max(row["ratio"] for row in r["generate"]["rows"].values())
     if "kv" in r:
@@ -309,7 +335,7 @@ def main() -> None:
     parser.add_argument("--data-dir", default=None, help="default: $PREPROJ_DATA_DIR")
     parser.add_argument("--out", default="benchmarks/results/bench.json")
     parser.add_argument("--only", default="peak,train,generate,kv,eval,memory", help="comma-separated sections")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per figure")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per figure")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per generation call")
     parser.add_argument("--harness-batch-size", type=int, default=16)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
