@@ -42,7 +42,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from preproj import PreProjConfig, attach, load_model
 from preproj.adapter import write_json
-from preproj.attach import decoder_layers
 from preproj.inspection import kv_cache_bytes
 from preproj.loss import causal_lm_loss
 from preproj.training import build_method, make_optimizer
@@ -175,7 +174,7 @@ def bench_generate(base, rounds: int, new_tokens: int, log) -> dict:
             ids = torch.randint(0, base.config.vocab_size, (batch, 32), generator=torch.Generator().manual_seed(batch))
             kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                       do_sample=False, pad_token_id=0)
-            t = interleaved_times({k: (lambda m=m: m.generate(ids, **kw)) for k, m in models.items()}, rounds)
+            t = interleaved_times({k: (lambda m=m, ids=ids, kw=kw: m.generate(ids, **kw)) for k, m in models.items()}, rounds)
             key = f"{str(dtype).removeprefix('torch.')}/batch{batch}"
             rows[key] = {"base_tok_s": batch * new_tokens / statistics.median(t["base"]),
                          "adapted_tok_s": batch * new_tokens / statistics.median(t["adapted"]),
@@ -261,7 +260,7 @@ def bench_memory(model_name: str, data: Path, log) -> dict:
     out = {}
     for job in ("load", "train", "eval"):
         proc = subprocess.run([sys.executable, __file__, "--child", job, "--model", model_name, "--data-dir", str(data)],
-                              capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"})
+                              capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"}, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"memory job {job!r} failed:\n{proc.stderr[-2000:]}")
         out[job] = json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss_bytes"]
@@ -324,7 +323,7 @@ def format_table(r: dict) -> str:
         lines += ["", "Peak resident memory: " + ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in rss.items())]
     if r["targets"]:
         lines += ["", "| target | measured | bound | met |", "|---|---|---|---|"]
-        for name, t in r["targets"].items():
+        for t in r["targets"].values():
             lines.append(f"| {t['what']} | {t['value']:.3f} | {t['op']} {t['bound']} | {'yes' if t['met'] else 'NO'} |")
     return "\n".join(lines)
 
