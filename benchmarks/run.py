@@ -9,9 +9,10 @@ Sections (each prints as it goes; the table and the targets come at the end; JSO
   train     one frozen-probe training step (batch 4 x seq 256: autocast, fused loss, backward, clip,
             AdamW) for preproj+skip, parameter-matched LoRA and the bare base (a frozen base whose
             embedding output requires grad, so backward runs through every layer as for any adapter),
-            in bf16 autocast and fp32. FLOPs: the matmuls torch actually ran (FlopCounterMode) plus
-            attention at 12 L T d per token (nanoGPT's convention; the CPU flash kernel is not counted
-            by FlopCounterMode). MFU = FLOP/s over the peak of the same dtype.
+            in bf16 autocast and fp32; also preproj+skip in bf16 with eager attention, for reference.
+            FLOPs: the matmuls torch actually ran (FlopCounterMode) plus attention at 12 L T d per
+            token (nanoGPT's convention; FlopCounterMode does not count the CPU flash kernel).
+            MFU = FLOP/s over the peak of the same dtype.
   generate  greedy tokens/s, adapted (preproj+skip, paper init) over base, batch 1 and 8, fp32 and bf16
   kv        K/V cache bytes after a 1024-token prefill, adapted over base
   eval      `preproj eval` time over lm-evaluation-harness HFLM time, same items, model and dtype
@@ -141,15 +142,20 @@ def bench_train(base, rounds: int, log, batch: int = BATCH, seq: int = SEQ) -> d
             steps[f"{method}/{precision}"] = lambda m=model, o=opt, p=precision: train_step(m, o, ids, p)
         flops[method] = step_flops(model, opt, ids, "bf16")
         log(f"  {method}: {flops[method] / 1e9:.0f} GFLOP per step of {ids.numel()} tokens")
+    # `preproj train --attn-implementation eager`, for reference (not a target): same model FLOPs
+    eager, eager_opt = training_setup(base, "preproj+skip")
+    eager.set_attn_implementation("eager")
+    steps["preproj+skip/bf16/eager"] = lambda: train_step(eager, eager_opt, ids, "bf16")
     log(f"  timing {len(steps)} configurations x {rounds} rounds ...")
     times = interleaved_times(steps, rounds)
     rows = {}
     for key, t in times.items():
         s = statistics.median(t)
-        method, precision = key.split("/")
-        rows[key] = {"method": method, "precision": precision, "step_s": s, "tokens_per_s": ids.numel() / s,
-                     "flops_per_step": flops[method], "flop_per_s": flops[method] / s, "round_seconds": t}
-        log(f"  {key:<18} {s:6.2f} s/step  {ids.numel() / s:6.0f} tok/s  {flops[method] / s / 1e9:6.1f} GFLOP/s")
+        method, precision, *attention = key.split("/")
+        rows[key] = {"method": method, "precision": precision, "attention": attention[0] if attention else "sdpa",
+                     "step_s": s, "tokens_per_s": ids.numel() / s, "flops_per_step": flops[method],
+                     "flop_per_s": flops[method] / s, "round_seconds": t}
+        log(f"  {key:<24} {s:6.2f} s/step  {ids.numel() / s:6.0f} tok/s  {flops[method] / s / 1e9:6.1f} GFLOP/s")
     trainable = {m: sum(p.numel() for p in model.parameters() if p.requires_grad) for m, (model, _) in setups.items()}
     ratios = {"step_vs_lora": paired_ratio(times, "preproj+skip/bf16", "lora/bf16"),
               "bf16_speedup": paired_ratio(times, "preproj+skip/fp32", "preproj+skip/bf16")}
@@ -298,10 +304,10 @@ def format_table(r: dict) -> str:
         peak = r["peak"]
         lines += ["", f"Training step, batch {r['train']['batch']} x seq {r['train']['seq_len']} (matmul peak: bf16 {peak['bf16_flop_per_s'] / 1e9:.0f}, "
                       f"fp32 {peak['fp32_flop_per_s'] / 1e9:.0f} GFLOP/s)",
-                  "| method | precision | step (s) | tokens/s | GFLOP/s | MFU |", "|---|---|---|---|---|---|"]
+                  "| method | precision | attention | step (s) | tokens/s | GFLOP/s | MFU |", "|---|---|---|---|---|---|---|"]
         for row in r["train"]["rows"].values():
             mfu = row["flop_per_s"] / peak[f"{row['precision']}_flop_per_s"]
-            lines.append(f"| {row['method']} | {row['precision']} | {row['step_s']:.2f} | {row['tokens_per_s']:.0f} | "
+            lines.append(f"| {row['method']} | {row['precision']} | {row['attention']} | {row['step_s']:.2f} | {row['tokens_per_s']:.0f} | "
                          f"{row['flop_per_s'] / 1e9:.0f} | {mfu:.0%} |")
     if "generate" in r:
         g = r["generate"]

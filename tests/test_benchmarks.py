@@ -27,7 +27,7 @@ def test_train_section_counts_exactly_the_matmuls_a_frozen_probe_needs(bench):
     base = tiny_model("llama")  # d=64, 3 layers, pre-projection width 80
     r = bench.bench_train(base, rounds=1, log=lambda msg: None, batch=2, seq=16)
     rows, tokens = r["rows"], 2 * 16
-    assert set(rows) == {f"{m}/{p}" for m in ("preproj+skip", "lora", "base") for p in ("bf16", "fp32")}
+    assert set(rows) == {f"{m}/{p}" for m in ("preproj+skip", "lora", "base") for p in ("bf16", "fp32")} | {"preproj+skip/bf16/eager"}
     assert all(row["step_s"] > 0 and row["tokens_per_s"] > 0 for row in rows.values())
     d, h = 64, 80
     adapter = r["trainable_params"]["preproj+skip"]

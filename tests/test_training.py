@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -146,3 +147,14 @@ def test_bad_arguments_are_clear(tmp_path, corpus):
         train(args_for(tmp_path, corpus, method="adapterv2"), tiny_model("llama"), CharTokenizer(), progress=False)
     with pytest.raises(ValueError, match="precision must be one of"):
         train(args_for(tmp_path, corpus, precision="fp8"), tiny_model("llama"), CharTokenizer(), progress=False)
+
+
+def test_attention_implementation_can_be_chosen_for_training(tmp_path, corpus):
+    model = tiny_model("llama")
+    summary, trained = train(args_for(tmp_path, corpus, steps=2, attn_implementation="eager"), model, CharTokenizer(),
+                             progress=False)
+    assert trained.config._attn_implementation == "eager"
+    assert math.isfinite(summary["final_heldout_loss"])
+    with pytest.raises(ValueError, match="attn_implementation must be 'sdpa' or 'eager'"):
+        train(args_for(tmp_path, corpus, out=str(tmp_path / "other"), attn_implementation="flash"), tiny_model("llama"),
+              CharTokenizer(), progress=False)
