@@ -4,15 +4,15 @@
 
 Sections (each prints as it goes; the table and the targets come at the end; JSON goes to --out):
 
-  peak      the bf16 and fp32 matmul peak of this machine: the best of large square and model-shaped
-            products, measured before and after the training section (the larger counts)
+  peak      the bf16 and fp32 matmul peak of this machine: the fastest of large square and model-shaped
+            products; the train section runs that product in every round next to the steps
   train     one frozen-probe training step (batch 4 x seq 256: autocast, fused loss, backward, clip,
             AdamW) for preproj+skip, parameter-matched LoRA and the bare base (a frozen base whose
             embedding output requires grad, so backward runs through every layer as for any adapter),
             in bf16 autocast and fp32; also preproj+skip in bf16 with eager attention, for reference.
             FLOPs: the matmuls torch actually ran (FlopCounterMode) plus attention at 12 L T d per
             token (nanoGPT's convention; FlopCounterMode does not count the CPU flash kernel).
-            MFU = FLOP/s over the peak of the same dtype.
+            MFU = FLOP/s over the peak of the same dtype in the same round (median over rounds).
   generate  greedy tokens/s, adapted (preproj+skip, paper init) over base, batch 1 and 8, fp32 and bf16
   kv        K/V cache bytes after a 1024-token prefill, adapted over base
   eval      `preproj eval` time over lm-evaluation-harness HFLM time, same items, model and dtype
@@ -56,6 +56,7 @@ TARGETS = {  # name: (comparison, bound, what it says)
     "eval_vs_harness": ("<=", 1.0, "preproj eval time / harness HFLM time"),
 }
 BATCH, SEQ = 4, 256
+DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 EVAL_LIMITS = {"lambada": 200, "hellaswag": 50, "arc_easy": 100, "wikitext": 3}
 
 
@@ -80,10 +81,10 @@ def paired_ratio(times: dict[str, list[float]], num: str, den: str) -> float:
 
 # --- peak ----------------------------------------------------------------------------------------
 
-def matmul_peak(dtype: torch.dtype, d: int, ffn: int, seconds: float = 1.0) -> float:
-    """FLOP/s of the best of several large products in `dtype`: square ones and the model's own shapes."""
+def matmul_peak(dtype: torch.dtype, d: int, ffn: int, seconds: float = 1.0) -> tuple[float, tuple[int, int, int]]:
+    """(FLOP/s, shape) of the fastest of several large products in `dtype`: square ones and the model's own."""
     shapes = [(n, n, n) for n in (1024, 2048, 3072)] + [(BATCH * SEQ, d, d), (BATCH * SEQ, d, ffn), (BATCH * SEQ, ffn, d)]
-    best = 0.0
+    best = (0.0, shapes[0])
     for m, k, n in shapes:
         a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
         a @ b
@@ -91,8 +92,21 @@ def matmul_peak(dtype: torch.dtype, d: int, ffn: int, seconds: float = 1.0) -> f
         while time.perf_counter() - start < seconds / len(shapes) or calls < 3:
             a @ b
             calls += 1
-        best = max(best, 2 * m * k * n * calls / (time.perf_counter() - start))
+        best = max(best, (2 * m * k * n * calls / (time.perf_counter() - start), (m, k, n)))
     return best
+
+
+def peak_workload(dtype: torch.dtype, shape: tuple[int, int, int], flop_per_s: float, seconds: float = 0.5):
+    """(fn, FLOPs per call): the peak product repeated for about `seconds`, to time in the same rounds as the steps."""
+    m, k, n = shape
+    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+    reps = max(1, round(seconds * flop_per_s / (2 * m * k * n)))
+
+    def run() -> None:
+        for _ in range(reps):
+            a @ b
+
+    return run, 2 * m * k * n * reps
 
 
 # --- train ---------------------------------------------------------------------------------------
@@ -133,7 +147,10 @@ def step_flops(model, optimizer, ids: torch.Tensor, precision: str) -> float:
     return counter.get_total_flops() + attention
 
 
-def bench_train(base, rounds: int, log, batch: int = BATCH, seq: int = SEQ) -> dict:
+def bench_train(base, rounds: int, log, peak: dict, batch: int = BATCH, seq: int = SEQ) -> dict:
+    """`peak`: {"bf16": (shape, flop_per_s), "fp32": ...} from matmul_peak. The peak product runs in every
+    round next to the steps, and each round's MFU divides by that round's peak: a machine that slows
+    down for a while slows both."""
     ids = torch.randint(0, base.config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
     setups = {m: training_setup(base, m) for m in ("preproj+skip", "lora", "base")}
     steps, flops = {}, {}
@@ -146,20 +163,27 @@ def bench_train(base, rounds: int, log, batch: int = BATCH, seq: int = SEQ) -> d
     eager, eager_opt = training_setup(base, "preproj+skip")
     eager.set_attn_implementation("eager")
     steps["preproj+skip/bf16/eager"] = lambda: train_step(eager, eager_opt, ids, "bf16")
+    peak_flops = {}
+    for dtype, (shape, flop_per_s) in peak.items():
+        steps[f"peak/{dtype}"], peak_flops[dtype] = peak_workload(getattr(torch, DTYPES[dtype]), shape, flop_per_s)
     log(f"  timing {len(steps)} configurations x {rounds} rounds ...")
     times = interleaved_times(steps, rounds)
+    peak_rounds = {dtype: [peak_flops[dtype] / t for t in times.pop(f"peak/{dtype}")] for dtype in peak}
     rows = {}
     for key, t in times.items():
         s = statistics.median(t)
         method, precision, *attention = key.split("/")
+        mfu = statistics.median(flops[method] / ti / p for ti, p in zip(t, peak_rounds[precision]))
         rows[key] = {"method": method, "precision": precision, "attention": attention[0] if attention else "sdpa",
                      "step_s": s, "tokens_per_s": ids.numel() / s, "flops_per_step": flops[method],
-                     "flop_per_s": flops[method] / s, "round_seconds": t}
-        log(f"  {key:<24} {s:6.2f} s/step  {ids.numel() / s:6.0f} tok/s  {flops[method] / s / 1e9:6.1f} GFLOP/s")
+                     "flop_per_s": flops[method] / s, "mfu": mfu, "round_seconds": t}
+        log(f"  {key:<24} {s:6.2f} s/step  {ids.numel() / s:6.0f} tok/s  {flops[method] / s / 1e9:6.1f} GFLOP/s  MFU {mfu:.0%}")
     trainable = {m: sum(p.numel() for p in model.parameters() if p.requires_grad) for m, (model, _) in setups.items()}
     ratios = {"step_vs_lora": paired_ratio(times, "preproj+skip/bf16", "lora/bf16"),
               "bf16_speedup": paired_ratio(times, "preproj+skip/fp32", "preproj+skip/bf16")}
-    return {"batch": batch, "seq_len": seq, "rows": rows, "paired_ratios": ratios, "trainable_params": trainable}
+    peaks = {f"{dtype}_flop_per_s": statistics.median(p) for dtype, p in peak_rounds.items()}
+    return {"batch": batch, "seq_len": seq, "rows": rows, "paired_ratios": ratios, "peak_in_rounds": peaks,
+            "trainable_params": trainable}
 
 
 # --- generate, kv ----------------------------------------------------------------------------------
@@ -280,8 +304,7 @@ def bench_memory(model_name: str, data: Path, log) -> dict:
 def figures(r: dict) -> dict[str, float]:
     f = {}
     if "train" in r:
-        rows, peak = r["train"]["rows"], r["peak"]
-        f["train_mfu_bf16"] = rows["preproj+skip/bf16"]["flop_per_s"] / peak["bf16_flop_per_s"]
+        f["train_mfu_bf16"] = r["train"]["rows"]["preproj+skip/bf16"]["mfu"]
         f["train_step_vs_lora"] = r["train"]["paired_ratios"]["step_vs_lora"]
         f["bf16_speedup"] = r["train"]["paired_ratios"]["bf16_speedup"]
     if "generate" in r:
@@ -301,12 +324,12 @@ def met(name: str, value: float) -> bool:
 def format_table(r: dict) -> str:
     lines = []
     if "train" in r:
-        peak = r["peak"]
-        lines += ["", f"Training step, batch {r['train']['batch']} x seq {r['train']['seq_len']} (matmul peak: bf16 {peak['bf16_flop_per_s'] / 1e9:.0f}, "
-                      f"fp32 {peak['fp32_flop_per_s'] / 1e9:.0f} GFLOP/s)",
+        peak = r["train"]["peak_in_rounds"]
+        lines += ["", f"Training step, batch {r['train']['batch']} x seq {r['train']['seq_len']} (matmul peak in the same "
+                      f"rounds: bf16 {peak['bf16_flop_per_s'] / 1e9:.0f}, fp32 {peak['fp32_flop_per_s'] / 1e9:.0f} GFLOP/s)",
                   "| method | precision | attention | step (s) | tokens/s | GFLOP/s | MFU |", "|---|---|---|---|---|---|---|"]
         for row in r["train"]["rows"].values():
-            mfu = row["flop_per_s"] / peak[f"{row['precision']}_flop_per_s"]
+            mfu = row["mfu"]
             lines.append(f"| {row['method']} | {row['precision']} | {row['attention']} | {row['step_s']:.2f} | {row['tokens_per_s']:.0f} | "
                          f"{row['flop_per_s'] / 1e9:.0f} | {mfu:.0%} |")
     if "generate" in r:
@@ -368,20 +391,15 @@ def main() -> None:
     d, ffn = base.config.hidden_size, getattr(base.config, "intermediate_size", 4 * base.config.hidden_size)
     r = {"model": args.model, "torch": torch.__version__, "threads": torch.get_num_threads(), "rounds": args.rounds}
 
-    def peak() -> None:
-        for dtype in ("bf16", "fp32"):
-            value = matmul_peak(torch.bfloat16 if dtype == "bf16" else torch.float32, d, ffn)
-            r.setdefault("peak", {})[f"{dtype}_flop_per_s"] = max(value, r.get("peak", {}).get(f"{dtype}_flop_per_s", 0))
-        log(f"  matmul peak: bf16 {r['peak']['bf16_flop_per_s'] / 1e9:.0f}, fp32 {r['peak']['fp32_flop_per_s'] / 1e9:.0f} GFLOP/s")
-
     if "peak" in sections or "train" in sections:
         log("peak: matmul roofline")
-        peak()
+        peak = {dtype: matmul_peak(getattr(torch, name), d, ffn)[::-1] for dtype, name in DTYPES.items()}
+        r["peak"] = {f"{dtype}_{k}": v for dtype, (shape, flop_per_s) in peak.items()
+                     for k, v in (("flop_per_s", flop_per_s), ("shape", shape))}
+        log("  " + ", ".join(f"{dtype} {f / 1e9:.0f} GFLOP/s at {'x'.join(map(str, shape))}" for dtype, (shape, f) in peak.items()))
     if "train" in sections:
-        log("train: one frozen-probe step per method and precision")
-        r["train"] = bench_train(base, args.rounds, log)
-        log("peak: again, after training")
-        peak()
+        log("train: one frozen-probe step per method and precision, the peak product in every round")
+        r["train"] = bench_train(base, args.rounds, log, peak)
     if "generate" in sections:
         log(f"generate: greedy, {args.new_tokens} new tokens")
         r["generate"] = bench_generate(base, args.rounds, args.new_tokens, log)
