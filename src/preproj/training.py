@@ -73,9 +73,9 @@ class TrainArgs:
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30% more compute)."""
     attn_implementation: str | None = None
-    """'sdpa' or 'eager' attention while training; default: the model's own (sdpa). On CPU in bf16 at short
-    sequences eager was ~5% faster (benchmarks/run.py), but it rounds attention scores to bf16 and its
-    memory grows with the square of the sequence length."""
+    """'sdpa' or 'eager' attention while training; default: the model's own (sdpa). Under bf16 autocast eager
+    rounds attention scores to bf16, and its memory grows with the square of the sequence length;
+    benchmarks/run.py times both on your machine."""
     lora_rank: int | None = None
     """LoRA rank for method 'lora'; default: matched to preproj+skip's trainable count within 1%."""
     eval_every: int = 25
