@@ -137,7 +137,8 @@ def make_optimizer(params: list[torch.Tensor], lr: float, weight_decay: float = 
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused)
 
 
-def _autocast(precision: str):
+def autocast_for(precision: str):
+    """The autocast context of a training precision: bf16 autocast for bf16-mixed, nothing otherwise."""
     if precision == "bf16-mixed":
         return torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
@@ -189,7 +190,7 @@ def heldout_loss(model, ids: torch.Tensor, labels: torch.Tensor, args: TrainArgs
     model.eval()
     total, count = 0.0, 0
     for s in range(0, len(ids), args.batch_size):
-        with _autocast(args.precision):
+        with autocast_for(args.precision):
             loss = causal_lm_loss(model, ids[s : s + args.batch_size], labels[s : s + args.batch_size])
         n = int((labels[s : s + args.batch_size, 1:] != -100).sum())
         total, count = total + float(loss) * n, count + n
@@ -268,7 +269,7 @@ def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True) ->
         loss_sum = 0.0
         for micro in range(args.grad_accum):
             idx = torch.from_numpy(batch_indices(step, micro, len(ids), args))
-            with _autocast(args.precision):
+            with autocast_for(args.precision):
                 loss = causal_lm_loss(model, ids[idx], labels[idx]) / args.grad_accum
             if not torch.isfinite(loss):
                 raise TrainingDiverged(
