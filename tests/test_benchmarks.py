@@ -4,11 +4,14 @@ No timing is asserted here; the benchmark itself prints the measured ratios."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
+
+from preproj import PreProjConfig, attach
 
 from conftest import tiny_model
 
@@ -44,11 +47,12 @@ def test_train_section_counts_exactly_the_matmuls_a_frozen_probe_needs(bench):
 def test_generate_kv_and_the_targets_table(bench):
     base = tiny_model("gpt_neox")
     before = {k: v.clone() for k, v in base.state_dict().items()}
-    g = bench.bench_generate(base, rounds=1, new_tokens=3, log=lambda msg: None)
+    adapted = attach(copy.deepcopy(base), PreProjConfig())
+    g = bench.bench_generate(base, adapted, rounds=1, new_tokens=3, log=lambda msg: None)
     assert set(g["rows"]) == {"float32/batch1", "float32/batch8", "bfloat16/batch1", "bfloat16/batch8"}
     assert g["flop_ratio"] > 1
     assert all(torch.equal(v, before[k]) for k, v in base.state_dict().items())  # bf16 runs used copies
-    kv = bench.bench_kv(base)
+    kv = bench.bench_kv(base, adapted)
     assert kv["ratio"] == 1.0 and kv["base_bytes"] > 0
 
     r = {"generate": g, "kv": kv}
