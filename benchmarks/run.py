@@ -45,7 +45,8 @@ from preproj import PreProjConfig, attach, load_model
 from preproj.adapter import write_json
 from preproj.inspection import kv_cache_bytes
 from preproj.loss import causal_lm_loss
-from preproj.training import autocast_for, build_method, make_optimizer
+from preproj.methods import build_method
+from preproj.training import autocast_for, make_optimizer
 
 TARGETS = {  # name: (comparison, bound, what it says)
     "train_mfu_bf16": (">=", 0.60, "preproj+skip training MFU, bf16"),
@@ -125,7 +126,7 @@ def training_setup(base, method: str):
 
 def train_step(model, optimizer, ids: torch.Tensor, precision: str) -> None:
     """What one `preproj train` micro-step with one micro-batch does (training.py's loop)."""
-    with autocast_for("bf16-mixed" if precision == "bf16" else "fp32"):
+    with autocast_for("bf16-mixed" if precision == "bf16" else "fp32", ids.device):
         loss = causal_lm_loss(model, ids, ids)
     loss.backward()
     if optimizer is not None:

@@ -220,7 +220,7 @@ def test_skip_norms_one_per_adapted_layer_in_order():
 @pytest.mark.parametrize("mode", MODES)
 def test_attention_sees_normed_input_only_in_skip_mode(family, mode):
     """'skip' feeds attention x̂ itself; the pre-projection modes feed it x̃ != x̂."""
-    from preproj.attach import decoder_layers, family_of
+    from preproj.families import decoder_layers, family_of
 
     model = tiny_model(family)
     attach(model, PreProjConfig(mode=mode))

@@ -8,7 +8,7 @@ import transformers
 
 from preproj import PreProjConfig, attach
 from preproj.loss import body_and_head, causal_lm_loss
-from preproj.training import build_method
+from preproj.methods import build_method
 
 from conftest import VOCAB, input_ids, tiny_model
 

@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 
 from preproj import load_adapter
 from preproj.baselines import lora_params_per_rank, matched_lora_rank
-from preproj.training import TrainArgs, TrainingDiverged, build_method, lr_at, train
+from preproj.methods import build_method
+from preproj.training import TrainArgs, TrainingDiverged, lr_at, train
 
 from conftest import CharTokenizer, tiny_model
 
@@ -26,7 +27,7 @@ def corpus(tmp_path):
 
 def args_for(tmp_path, corpus, **kw) -> TrainArgs:
     base = dict(model="tiny", out=str(tmp_path / "run"), data=corpus, steps=8, batch_size=2, grad_accum=2, seq_len=32,
-                lr=1e-2, warmup=2, eval_every=4, eval_batches=2, save_every=3, precision="fp32")
+                lr=1e-2, warmup=2, eval_every=4, eval_batches=2, save_every=3, precision="fp32", device="cpu")
     base.update(kw)
     return TrainArgs(**base)
 
@@ -131,7 +132,7 @@ def test_lora_method_round_trips_through_load_adapter(tmp_path, corpus):
 
 
 def test_pure_bf16_reports_erased_updates(tmp_path, corpus):
-    summary, _ = train(args_for(tmp_path, corpus, precision="bf16", lr=1e-5, steps=3), tiny_model("llama", dtype=torch.bfloat16),
+    summary, _ = train(args_for(tmp_path, corpus, precision="bf16-true", lr=1e-5, steps=3), tiny_model("llama", dtype=torch.bfloat16),
                        CharTokenizer(), progress=False)
     assert 0.0 < summary["bf16_erased_update_fraction"] <= 1.0
 
@@ -147,6 +148,8 @@ def test_bad_arguments_are_clear(tmp_path, corpus):
         train(args_for(tmp_path, corpus, method="adapterv2"), tiny_model("llama"), CharTokenizer(), progress=False)
     with pytest.raises(ValueError, match="precision must be one of"):
         train(args_for(tmp_path, corpus, precision="fp8"), tiny_model("llama"), CharTokenizer(), progress=False)
+    with pytest.raises(ValueError, match="'bf16' alone is ambiguous"):
+        train(args_for(tmp_path, corpus, precision="bf16"), tiny_model("llama"), CharTokenizer(), progress=False)
 
 
 def test_attention_implementation_can_be_chosen_for_training(tmp_path, corpus):

@@ -16,7 +16,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from . import __version__
-from .attach import adapter_state_dict, attach, decoder_layers, detach, family_of, hidden_size
+from .attach import adapter_state_dict, attach, detach
+from .families import decoder_layers, family_of, hidden_size
 from .config import PreProjConfig
 
 CONFIG_NAME = "adapter_config.json"
@@ -104,20 +105,23 @@ def _check_compatible(meta: dict, model: nn.Module, directory) -> None:
             )
 
 
-def load_adapter(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
+def load_adapter(model: nn.Module, directory: str | os.PathLike, dtype: torch.dtype | None = None) -> nn.Module:
     """Rebuild the adapter saved in `directory` on `model` and load its weights.
 
     A preproj adapter is attached in place and `model` is returned. The LoRA baselines written by
     `preproj train` load through PEFT (safetensors only) and return the PeftModel: a PEFT LoRA
     directory, or a preproj directory with the LoRA half in `lora/` (method preproj+lora).
+    `dtype` casts the adapter's weights (default: the dtype they were saved in).
     """
     directory = Path(directory)
     if _read_json(directory / CONFIG_NAME).get("peft_type") == "LORA":
-        return _load_lora(model, directory)
+        return _load_lora(model, directory, dtype)
     meta = read_adapter_config(directory)
     _check_compatible(meta, model, directory)
     try:
         config = PreProjConfig.from_dict(meta["config"])
+        if dtype is not None:
+            config = PreProjConfig.from_dict({**config.to_dict(), "adapter_dtype": str(dtype).removeprefix("torch.")})
     except (TypeError, ValueError) as e:
         raise AdapterError(f"Invalid adapter config in {directory / CONFIG_NAME}: {e}") from None
 
@@ -144,16 +148,21 @@ def load_adapter(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
         for key, param in expected.items():
             param.copy_(tensors[key])
     if (directory / "lora" / CONFIG_NAME).is_file():
-        return _load_lora(model, directory / "lora")
+        return _load_lora(model, directory / "lora", dtype)
     return model
 
 
-def _load_lora(model: nn.Module, directory: Path):
+def _load_lora(model: nn.Module, directory: Path, dtype: torch.dtype | None = None):
     from peft import PeftModel
 
     if not (directory / WEIGHTS_NAME).is_file():
         raise AdapterError(f"No {WEIGHTS_NAME} in {directory}; preproj only reads safetensors, never pickles.")
     try:
-        return PeftModel.from_pretrained(model, directory)
+        peft_model = PeftModel.from_pretrained(model, directory, autocast_adapter_dtype=dtype is None)
     except (ValueError, RuntimeError, OSError, KeyError) as e:
         raise AdapterError(f"The LoRA adapter in {directory} does not fit this model: {e}") from None
+    if dtype is not None:
+        for name, param in peft_model.named_parameters():
+            if "lora_" in name:
+                param.data = param.data.to(dtype)
+    return peft_model

@@ -1,71 +1,18 @@
 """Attach the adapter to a Hugging Face causal LM in place, and take it off again.
 
-Each supported family names where its decoder layers, attention modules and attention-input
+Each supported family (families.py) names where its decoder layers, attention modules and attention-input
 norms live; the attention module is swapped for a `PreProjAttention` wrapper that keeps the
 original as `base_layer`, so `detach` restores the base exactly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
 from .config import PreProjConfig
+from .families import decoder_layers, family_of, hidden_size
 from .modules import PreProjAttention
-
-
-@dataclass(frozen=True)
-class Family:
-    name: str
-    model_types: tuple[str, ...]
-    layers: str  # dotted path from the *ForCausalLM to the ModuleList of decoder layers
-    attention: str  # attribute of a decoder layer
-    input_norm: str  # the block's existing attention-input norm (x̂ = Norm(x))
-
-
-FAMILIES = (
-    Family("gpt_neox", ("gpt_neox",), "gpt_neox.layers", "attention", "input_layernorm"),
-    Family("llama", ("llama", "mistral", "qwen2"), "model.layers", "self_attn", "input_layernorm"),
-    Family("gpt2", ("gpt2",), "transformer.h", "attn", "ln_1"),
-)
-
-
-def supported_model_types() -> list[str]:
-    return [t for f in FAMILIES for t in f.model_types]
-
-
-def family_of(model: nn.Module) -> Family:
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    for family in FAMILIES:
-        if model_type in family.model_types:
-            return family
-    supported = "; ".join(f"{f.name}: {', '.join(f.model_types)}" for f in FAMILIES)
-    raise ValueError(
-        f"preproj does not support model_type {model_type!r} ({type(model).__name__}). "
-        f"Supported families (model_type): {supported}."
-    )
-
-
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layers of a causal LM or of its bare base model."""
-    family = family_of(model)
-    path = family.layers.split(".")
-    for candidate in (path, path[1:]):  # *ForCausalLM, then the bare *Model
-        module = model
-        try:
-            for name in candidate:
-                module = getattr(module, name)
-        except AttributeError:
-            continue
-        if isinstance(module, nn.ModuleList):
-            return module
-    raise ValueError(f"Could not find the decoder layers of {type(model).__name__} at '{family.layers}'.")
-
-
-def hidden_size(model: nn.Module) -> int:
-    return int(model.config.hidden_size)
 
 
 def adapted_layers(model: nn.Module) -> list[tuple[int, PreProjAttention]]:

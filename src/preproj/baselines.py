@@ -6,24 +6,17 @@ under-counted (26.5M vs 24.8M); here r is chosen so the trainable count is withi
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
-from .attach import decoder_layers, family_of
-
-# Attention projections per family, as regexes over module names (GPT-2's c_proj also names an MLP layer).
-# `base_layer.` appears when the pre-projection wraps the attention (method preproj+lora).
-LORA_TARGETS = {
-    "gpt_neox": r".*\.attention\.(base_layer\.)?(query_key_value|dense)",
-    "llama": r".*\.self_attn\.(base_layer\.)?(q_proj|k_proj|v_proj|o_proj)",
-    "gpt2": r".*\.attn\.(base_layer\.)?(c_attn|c_proj)",
-}
+from .families import decoder_layers, family_of
 
 
 def _attention_projections(model: nn.Module) -> list[tuple[int, int]]:
     """(in_features, out_features) of every LoRA target in one decoder layer."""
     import re
 
-    pattern = re.compile(LORA_TARGETS[family_of(model).name])
+    pattern = re.compile(family_of(model).lora_targets)
     layer = decoder_layers(model)[0]
     shapes = []
     for name, module in layer.named_modules(prefix="x"):
@@ -48,10 +41,17 @@ def matched_lora_rank(model: nn.Module, target_params: int) -> int:
     return r
 
 
-def attach_lora(model: nn.Module, rank: int):
-    """Wrap `model` with PEFT LoRA (alpha = 2r, dropout 0) on the attention projections; returns the PeftModel."""
+def attach_lora(model: nn.Module, rank: int, dtype: torch.dtype = torch.float32):
+    """Wrap `model` with PEFT LoRA (alpha = 2r, dropout 0) on the attention projections; returns the PeftModel.
+
+    The LoRA weights get `dtype` (the precision's adapter dtype): PEFT by itself would upcast them to
+    float32 on a bf16 base, which is not pure bf16."""
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, bias="none",
-                        target_modules=LORA_TARGETS[family_of(model).name], task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
+                        target_modules=family_of(model).lora_targets, task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, config, autocast_adapter_dtype=False)
+    for name, param in peft_model.named_parameters():
+        if "lora_" in name:
+            param.data = param.data.to(dtype)
+    return peft_model

@@ -49,7 +49,7 @@ def _inspect(ns: argparse.Namespace) -> int:
     args = _args(ns, InspectArgs)
     start = time.monotonic()
     print(f"loading {args.model} ...", file=sys.stderr)
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, dtype=args.precision, device=args.device)
     print(f"measuring (K/V cache at {args.context} tokens, greedy samples) ...", file=sys.stderr)
     report = inspect_model(model, tokenizer, args)
     print(format_report(report))
@@ -63,14 +63,19 @@ def _inspect(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _load(model_name: str, adapter: str | None):
+def _load(model_name: str, adapter: str | None, precision: str = "fp32", device: str = "auto"):
+    from . import distributed as ddist
     from .adapter import load_adapter
     from .loading import load_model
+    from .precision import precision as as_precision, resolve_device
 
-    print(f"loading {model_name}" + (f" + adapter {adapter}" if adapter else "") + " ...", file=sys.stderr)
-    model, tokenizer = load_model(model_name)
+    p, device = as_precision(precision), resolve_device(device)
+    ddist.main_prints(ddist.setup(device))
+    print(f"loading {model_name}" + (f" + adapter {adapter}" if adapter else "") + f" ({p.name}, {device}) ...",
+          file=sys.stderr)
+    model, tokenizer = load_model(model_name, dtype=p.weights, device=device)
     if adapter:
-        model = load_adapter(model, adapter)  # a PeftModel for the LoRA baselines
+        model = load_adapter(model, adapter, dtype=p.adapter)  # a PeftModel for the LoRA baselines
     return model, tokenizer
 
 
@@ -80,7 +85,7 @@ def _eval(ns: argparse.Namespace) -> int:
     args = _args(ns, EvalArgs)
     parse_tasks(args.tasks)  # fail on a typo before loading anything
     start = time.monotonic()
-    model, tokenizer = _load(args.model, args.adapter)
+    model, tokenizer = _load(args.model, args.adapter, args.precision, args.device)
     results = evaluate(model, tokenizer, args.tasks, protocol=args.protocol, limit=args.limit, data_dir=args.data_dir,
                        max_length=args.max_length, batch_tokens=args.batch_tokens, precision=args.precision,
                        model_name=args.model, adapter=args.adapter, out=args.out)
@@ -113,9 +118,16 @@ def _harness(ns: argparse.Namespace) -> int:
 
 
 def _train(ns: argparse.Namespace) -> int:
+    from . import distributed as ddist
+    from .precision import resolve_device
     from .training import TrainArgs, train
 
     args = _args(ns, TrainArgs)
+    if args.nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {args.nproc}.")
+    if args.nproc > 1:
+        return _torchrun(args.nproc, ns.argv)
+    ddist.main_prints(ddist.setup(resolve_device(args.device)))
     summary, _ = train(args)
     loss = f"held-out loss {summary['initial_heldout_loss']:.4f} -> {summary['final_heldout_loss']:.4f}"
     audit = (f", bf16 erased {100 * summary['bf16_erased_update_fraction']:.1f}% of updates"
@@ -124,6 +136,23 @@ def _train(ns: argparse.Namespace) -> int:
           f"{summary['tokens_seen']:,} tokens at {summary['tokens_per_second']:.0f} tok/s, {loss}{audit}, "
           f"{summary['wall_seconds']:.0f}s; adapter in {args.out}")
     return 0
+
+
+def _torchrun(nproc: int, argv: list[str]) -> int:
+    """`preproj train --nproc N ...` is `torchrun --standalone --nproc-per-node N -m preproj train ...`."""
+    import subprocess
+
+    rest, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            rest.append(a)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "preproj", *rest]
+    print("launching: " + " ".join(cmd), file=sys.stderr)
+    return subprocess.call(cmd)
 
 
 def _compare(ns: argparse.Namespace) -> int:
@@ -181,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     from .loading import ModelLoadError
     from .training import TrainingDiverged
 
+    argv = sys.argv[1:] if argv is None else list(argv)
     ns = build_parser().parse_args(argv)
+    ns.argv = argv
     try:
         return ns.run(ns)
     except (ModelLoadError, AdapterError, DataNotFound, TrainingDiverged, ValueError) as e:

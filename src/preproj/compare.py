@@ -15,11 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
+from . import distributed as ddist
 from .adapter import write_json
 from .evaluation import evaluate
-from .training import METHODS, TrainArgs, train
+from .methods import METHODS
+from .precision import precision as as_precision, resolve_device
+from .training import TrainArgs, train
 
-ALL_METHODS = ("base",) + METHODS
+ALL_METHODS = tuple(METHODS)
 
 # PAPER.md §3 (Table 2) and §4 (Figure 2)
 PAPER_TABLE = {
@@ -45,17 +48,21 @@ HEADERS = ["LAMBADA acc", "HellaSwag acc_norm", "ARC-E acc", "WikiText PPL"]
 
 PRESETS = {
     # Sized for the embedded SmolLM2-135M on 2 CPU cores: the whole comparison in under 30 minutes.
+    # One precision trains every method and evaluates every method, the base included.
     "cpu": {
+        "precision": "bf16-mixed",
         "train": dict(data="wikitext2", packing="pack", seq_len=256, batch_size=4, grad_accum=1, steps=32, lr=3e-4,
-                      warmup=4, precision="bf16-mixed", eval_every=8, eval_batches=4, save_every=8),
+                      warmup=4, eval_every=8, eval_batches=4, save_every=8),
         "eval": dict(protocol="harness", limits={"lambada": 200, "hellaswag": 100, "arc_easy": 200, "wikitext": 2},
-                     max_length=2048, precision="fp32"),
+                     max_length=2048),
     },
-    # The paper's exact protocol (PAPER.md §2), meant for a GPU.
+    # The paper's exact protocol (PAPER.md §2) on whatever device is present: 4 x 4 x 512 tokens per
+    # step; several processes split the 4 sequences of each micro-batch between them.
     "paper": {
+        "precision": "bf16-true",
         "train": dict(data="wikitext103", lines=2000, packing="lines", seq_len=512, batch_size=4, grad_accum=4, steps=500,
-                      lr=1e-5, warmup=50, precision="bf16", activation_checkpointing=True, eval_every=50, save_every=50),
-        "eval": dict(protocol="paper", limits={}, max_length=None, precision="fp32"),
+                      lr=1e-5, warmup=50, activation_checkpointing=True, eval_every=50, save_every=50),
+        "eval": dict(protocol="paper", limits={}, max_length=None),
     },
 }
 
@@ -78,6 +85,12 @@ class CompareArgs:
     """Override the preset's evaluation items per task."""
     lr: float | None = None
     """Override the preset's peak learning rate."""
+    precision: str | None = None
+    """Override the preset's precision (fp32, bf16-mixed, bf16-true, bf16-frozen): it trains and evaluates every method."""
+    device: str = "auto"
+    """auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps."""
+    strategy: str = "ddp"
+    """Under torchrun: ddp or fsdp for the training runs (evaluation splits items across processes)."""
     data_dir: str | None = None
     """Directory laid out as ../shared/data; default $PREPROJ_DATA_DIR."""
     out: str = "runs/compare"
@@ -102,8 +115,12 @@ def run_compare(args: CompareArgs, progress: bool = True) -> dict:
     if args.preset not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {args.preset!r}.")
     preset = PRESETS[args.preset]
+    precision = as_precision(args.precision or preset["precision"])
+    device = resolve_device(args.device)
+    r = ddist.setup(device)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if r.is_main:
+        out.mkdir(parents=True, exist_ok=True)
     eval_cfg = preset["eval"]
     limits = {t: args.limit for t in ("lambada", "hellaswag", "arc_easy", "wikitext")} if args.limit else eval_cfg["limits"]
     start = time.monotonic()
@@ -119,21 +136,21 @@ def run_compare(args: CompareArgs, progress: bool = True) -> dict:
                 continue
             print(f"[compare] {method} seed {seed} ...", flush=True)
             t0 = time.monotonic()
-            pure_bf16 = preset["train"].get("precision") == "bf16"
-            model, tokenizer = load_model(args.model, dtype="bfloat16" if pure_bf16 and method != "base" else "float32")
+            model, tokenizer = load_model(args.model, dtype=precision.weights, device=device)
             summary = None
             if method != "base":
                 targs = TrainArgs(model=args.model, method=method, out=str(run_dir), seed=seed, data_dir=args.data_dir,
-                                  resume=True, **preset["train"])
+                                  resume=True, precision=precision.name, device=str(device), strategy=args.strategy,
+                                  **preset["train"])
                 overrides = {k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v}
                 targs = replace(targs, **overrides)
                 summary, model = train(targs, model, tokenizer, progress=progress)
             train_seconds = time.monotonic() - t0
             tasks = {}
             for task, limit in ({t: limits.get(t) for t in ("lambada", "hellaswag", "arc_easy", "wikitext")}).items():
-                r = evaluate(model, tokenizer, [task], protocol=eval_cfg["protocol"], limit=limit, data_dir=args.data_dir,
-                             max_length=eval_cfg["max_length"], precision=eval_cfg["precision"], progress=progress)
-                tasks[task] = r["tasks"][task]
+                res = evaluate(model, tokenizer, [task], protocol=eval_cfg["protocol"], limit=limit, data_dir=args.data_dir,
+                               max_length=eval_cfg["max_length"], precision=precision.name, progress=progress)
+                tasks[task] = res["tasks"][task]
             result = {"method": method, "seed": seed, "tasks": tasks,
                       "trainable_params": summary["trainable_params"] if summary else 0,
                       "train_tokens": summary["tokens_seen"] if summary else 0,
@@ -141,12 +158,16 @@ def run_compare(args: CompareArgs, progress: bool = True) -> dict:
                       "eval_seconds": time.monotonic() - t0 - (train_seconds if summary else 0.0),
                       "skip_norms": summary["skip_norms"] if summary else None,
                       "log": _read_log(run_dir) if summary else []}
-            write_json(done, result)
+            if r.is_main:
+                write_json(done, result)
             runs.append(result)
             print(f"[compare] {method} seed {seed}: " + ", ".join(
                 f"{t} {m}={tasks[t][m]:.4g}" for t, m in COLUMNS[eval_cfg["protocol"]]), flush=True)
 
     report = summarise(runs, methods, args, eval_cfg["protocol"], limits, time.monotonic() - start)
+    report["precision"], report["device"] = precision.name, str(device)
+    if not r.is_main:
+        return report
     write_json(out / "results.json", report)
     norms = {m: report["methods"][m]["skip_norms"] for m in methods if report["methods"][m]["skip_norms"]}
     write_json(out / "skip_norms.json", {"ours": norms, "paper": PAPER_SKIP_NORMS})
@@ -195,7 +216,8 @@ def render_report(report: dict) -> str:
     lines = [f"# preproj compare: {report['model']} (preset {report['preset']})", "",
              f"Protocol `{protocol}`; evaluation items per task: "
              + (", ".join(f"{k} {v}" for k, v in report["eval_limits"].items()) or "the protocol's defaults")
-             + f". Training: {json.dumps(report['train'])}. Seeds per method: {report['seeds']}. "
+             + f". Training: {json.dumps(report['train'])}. Precision (training and evaluation, every method): "
+             f"{report.get('precision', '?')}. Seeds per method: {report['seeds']}. "
              "Intervals are 95%: over seeds when there are several, else 1.96 x the metric's standard error.", "",
              "| method | trainable params | " + " | ".join(HEADERS) + " | train tokens | train time | eval time |",
              "|---" * (len(HEADERS) + 5) + "|"]

@@ -130,6 +130,16 @@ def wikitext_lines(split: str = "valid", data_dir: Path | None = None) -> list[s
     return [r["text"] for r in _hub(name, data_dir)]
 
 
+def wikitext_rows(split: str = "valid", data_dir: Path | None = None) -> list[str]:
+    """The raw split as the Hub's wikitext-*-raw-v1 rows: one row per line of the file, each keeping its
+    trailing newline, blank lines as ''."""
+    path = _local("wikitext_valid" if split == "valid" else "wikitext", data_dir)
+    if path:
+        with open(path, encoding="utf-8", newline="") as f:
+            return [row if row.strip() else "" for row in f]
+    return [row if row.strip() else "" for row in wikitext_lines(split, data_dir)]
+
+
 def wikitext_detokenize(text: str) -> str:
     """The harness's wikitext detokenizer (lm_eval/tasks/wikitext/preprocess_wikitext.py)."""
     s = text.replace("s '", "s'")

@@ -11,7 +11,6 @@ logits is ever built.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
 import time
@@ -24,14 +23,17 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import data as datasets
+from . import distributed as ddist
 from .adapter import write_json
 from .loss import body_and_head
+from .precision import precision as as_precision
 
 TASKS = ("lambada", "wikitext", "hellaswag", "arc_easy")
 EXTRA_TASKS = ("hellaswag_full",)
 PROTOCOLS = ("harness", "paper")
 PAPER_LIMIT = 500  # PAPER.md §2: the first 500 items of each task
 PAPER_MAX_TOKENS = 512
+PAPER_WIKITEXT_ROWS, PAPER_MIN_CHARS, PAPER_MIN_TOKENS = 300, 50, 10  # the author's perplexity rule, PAPER.md §2
 HEAD_CHUNK = 2048  # positions per LM-head chunk
 
 
@@ -56,7 +58,11 @@ class EvalArgs:
     batch_tokens: int = 1024
     """Token budget of one forward batch (padded length x rows); small batches stay in cache on CPUs."""
     precision: str = "fp32"
-    """'fp32', or 'bf16' (autocast; faster on CPUs with avx512_bf16, not bit-comparable with the harness)."""
+    """fp32, bf16-mixed (bf16 autocast; faster on CPUs with avx512_bf16 and on GPUs, not bit-comparable with the
+    harness), bf16-true (bf16 weights) or bf16-frozen (bf16 base, fp32 adapter)."""
+    device: str = "auto"
+    """auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps. Under torchrun the items are split across
+    processes and gathered: the JSON is the one a single process writes."""
     out: str | None = None
     """Write the results as JSON to this path."""
 
@@ -71,9 +77,7 @@ class LogLikelihood:
         self.model, self.tokenizer = model, tokenizer
         self.max_length = max_length or model_max_length(model, tokenizer)
         self.batch_tokens, self.progress = batch_tokens, progress
-        if precision not in ("fp32", "bf16"):
-            raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}.")
-        self.precision = precision
+        self.precision = as_precision(precision)
         # Families whose logits are head(body(x)) get the head only where scored; anything else falls
         # back to the model's own logits (slower, but never wrong).
         parts = body_and_head(model)
@@ -107,11 +111,6 @@ class LogLikelihood:
             done = end
         return windows
 
-    def _autocast(self):
-        if self.precision == "bf16":
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
@@ -125,54 +124,55 @@ class LogLikelihood:
                 raise ValueError(f"A continuation of {len(cont)} tokens cannot be scored with max_length {self.max_length}.")
             inputs.append(((ctx + cont)[-(self.max_length + 1):][:-1], cont))  # left-truncated, as the harness
         order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i][0]))  # longest first, as the harness
-        results: list[tuple[float, bool] | None] = [None] * len(inputs)
-        bar = tqdm(total=len(inputs), desc=desc, disable=not self.progress, leave=False)
-        start = 0
+        batches, start = [], 0
         while start < len(order):
-            width = len(inputs[order[start]][0])
-            rows = max(1, self.batch_tokens // width)
-            batch = order[start : start + rows]
-            start += len(batch)
-            for i, value in zip(batch, self._score_batch([inputs[i] for i in batch])):
-                results[i] = value
+            rows = max(1, self.batch_tokens // len(inputs[order[start]][0]))
+            batches.append(order[start : start + rows])
+            start += rows
+        # Several processes: batch k goes to process k mod N. Every item is scored in the very batch one
+        # process would put it in, so the gathered results are that process's, bit for bit.
+        r = ddist.ranks()
+        mine = batches[r.rank :: r.world_size]
+        scored = []
+        bar = tqdm(total=sum(map(len, mine)), desc=desc, disable=not (self.progress and r.is_main), leave=False)
+        for batch in mine:
+            scored += zip(batch, self._score_batch([inputs[i] for i in batch]))
             bar.update(len(batch))
         bar.close()
+        results: list[tuple[float, bool] | None] = [None] * len(inputs)
+        for part in ddist.gather_objects(scored):
+            for i, value in part:
+                results[i] = value
         return results
 
     def _score_batch(self, batch: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        device = self.device
         width = max(len(inp) for inp, _ in batch)
-        ids = torch.zeros(len(batch), width, dtype=torch.long)  # (B, T), right-padded: causal, so no mask
-        rows, cols, targets, owner = [], [], [], []
+        padded = [inp + [0] * (width - len(inp)) for inp, _ in batch]  # right-padded: causal, so no mask
+        rows, cols, targets = [], [], []
         for b, (inp, cont) in enumerate(batch):
-            ids[b, : len(inp)] = torch.tensor(inp)
             first = len(inp) - len(cont)  # position whose logits predict cont[0]
             rows += [b] * len(cont)
             cols += range(first, len(inp))
             targets += cont
-            owner += [b] * len(cont)
-        ids = ids.to(self.device)
-        rows_t, cols_t = torch.tensor(rows), torch.tensor(cols)
-        with self._autocast():
+        ids = torch.tensor(padded, device=device)  # (B, T)
+        rows_t, cols_t = torch.tensor(rows, device=device), torch.tensor(cols, device=device)
+        target_t = torch.tensor(targets, device=device)
+        with self.precision.autocast_context(device):
             if self.fast:
-                hidden = self.body(input_ids=ids).last_hidden_state  # (B, T, d)
-                scored = hidden[rows_t, cols_t]  # (N, d)
+                scored = self.body(input_ids=ids).last_hidden_state[rows_t, cols_t]  # (N, d)
             else:
-                logits_all = self.model(input_ids=ids).logits  # (B, T, V)
-                scored = logits_all[rows_t, cols_t]
-            logprob = torch.empty(len(targets))
-            greedy = torch.empty(len(targets), dtype=torch.bool)
-            target_t = torch.tensor(targets, device=self.device)
+                scored = self.model(input_ids=ids).logits[rows_t, cols_t]  # (N, V)
+            logprob, greedy = [], []
             for s in range(0, len(targets), HEAD_CHUNK):  # chunks bound the (N, V) logits in memory
                 chunk = scored[s : s + HEAD_CHUNK]
                 logits = (self.head(chunk) if self.fast else chunk).float()  # (n, V)
-                lp = torch.log_softmax(logits, dim=-1)
                 t = target_t[s : s + HEAD_CHUNK]
-                logprob[s : s + HEAD_CHUNK] = lp.gather(1, t[:, None])[:, 0].cpu()
-                greedy[s : s + HEAD_CHUNK] = (logits.argmax(-1) == t).cpu()
-        owner_t = torch.tensor(owner)
-        sums = torch.zeros(len(batch), dtype=torch.float64).index_add_(0, owner_t, logprob.double())
-        misses = torch.zeros(len(batch), dtype=torch.long).index_add_(0, owner_t, (~greedy).long())
-        return [(float(sums[b]), bool(misses[b] == 0)) for b in range(len(batch))]
+                logprob.append(torch.log_softmax(logits, dim=-1).gather(1, t[:, None])[:, 0])
+                greedy.append(logits.argmax(-1) == t)
+        sums = torch.zeros(len(batch), dtype=torch.float64, device=device).index_add_(0, rows_t, torch.cat(logprob).double())
+        misses = torch.zeros(len(batch), dtype=torch.long, device=device).index_add_(0, rows_t, (~torch.cat(greedy)).long())
+        return list(zip(sums.tolist(), (misses == 0).tolist()))
 
 
 def model_max_length(model: nn.Module, tokenizer, default: int = 2048) -> int:
@@ -274,11 +274,19 @@ def wikitext_harness(score: LogLikelihood, docs: list[dict]) -> dict:
             "bits_per_byte_stderr": se_byte / math.log(2), "tokens": int(sum(len(w[1]) for w in windows))}
 
 
-def wikitext_paper(score: LogLikelihood, lines: list[str]) -> dict:
+def paper_wikitext_rows(rows: list[str]) -> list[str]:
+    """The rows the author's rule visits and keeps by length: the first 300 rows, blank ones included,
+    whose stripped text has at least 50 characters (the 10-token rule is applied when tokenising)."""
+    return [row for row in rows[:PAPER_WIKITEXT_ROWS] if len(row.strip()) >= PAPER_MIN_CHARS]
+
+
+def wikitext_paper(score: LogLikelihood, rows: list[str]) -> dict:
+    """PAPER.md §2: each row (with its trailing newline) truncated to 512 tokens, scored if it has at
+    least 10; perplexity = exp(mean over rows of the row's mean token loss)."""
     pairs = []
-    for line in lines:
-        ids = score.encode(line)[:PAPER_MAX_TOKENS]
-        if len(ids) >= 2:
+    for row in rows:
+        ids = score.encode(row)[:PAPER_MAX_TOKENS]
+        if len(ids) >= PAPER_MIN_TOKENS:
             pairs.append((ids[:1], ids[1:]))
     results = score(pairs, desc="wikitext (paper)")
     line_loss = [-ll / len(cont) for (ll, _), (_, cont) in zip(results, pairs)]
@@ -296,8 +304,7 @@ def run_task(score: LogLikelihood, task: str, protocol: str, limit: int | None, 
     if task == "wikitext":
         if protocol == "harness":
             return wikitext_harness(score, take(datasets.wikitext_documents(data_dir)))
-        lines = [l for l in datasets.wikitext_lines("valid", data_dir) if len(l.strip()) > 50][:300]
-        return wikitext_paper(score, lines)
+        return wikitext_paper(score, paper_wikitext_rows(datasets.wikitext_rows("valid", data_dir)))
     if task in ("hellaswag", "hellaswag_full"):
         docs = take(datasets.hellaswag(data_dir, full=task == "hellaswag_full"))
         if protocol == "harness":
@@ -332,11 +339,10 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] = TASKS, *, pro
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}.")
     names = parse_tasks(tasks)
+    check_weights_dtype(model, precision)
     data_dir = datasets.resolve_data_dir(data_dir)
     score = LogLikelihood(model, tokenizer, max_length=max_length, batch_tokens=batch_tokens, precision=precision,
                           progress=progress)
-    was_training = model.training
-    model.eval()
     report = {
         "model": model_name or getattr(model.config, "_name_or_path", None),
         "adapter": adapter,
@@ -361,11 +367,20 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] = TASKS, *, pro
                 report["notes"].append("The local HellaSwag file is a shuffled 1000-record subset, so the paper "
                                        "protocol's 'first 500' are not the paper's items; hellaswag_full keeps the "
                                        "original order.")
-            if out:
+            if out and ddist.ranks().is_main:
                 write_json(out, report)
     finally:
         model.train(was_training)
     return report
+
+
+def check_weights_dtype(model: nn.Module, precision: str) -> None:
+    """A precision word describes the weights too: refuse a model whose base was loaded in another dtype."""
+    want = as_precision(precision).weights
+    frozen = [p.dtype for p in model.parameters() if not p.requires_grad] or [p.dtype for p in model.parameters()]
+    if frozen and frozen[0] != want:
+        raise ValueError(f"precision {precision!r} evaluates a base loaded in {want}, but this model's weights are "
+                         f"{frozen[0]}; load it with load_model(..., dtype={precision!r}) or pick the matching precision.")
 
 
 def format_results(r: dict) -> str:

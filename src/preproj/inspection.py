@@ -8,9 +8,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .attach import FAMILIES, adapted_layers, attach, decoder_layers, family_of, trainable_parameters
+from .attach import adapted_layers, attach, trainable_parameters
+from .families import FAMILIES, decoder_layers, family_of
 from .config import PreProjConfig
 from .loading import count_parameters
+from .precision import precision as as_precision
 
 
 @dataclass
@@ -29,18 +31,27 @@ class InspectArgs:
     """Tokens to generate per sample."""
     seed: int = 0
     """Seed of the adapter's (paper) initialisation."""
+    precision: str = "fp32"
+    """fp32, bf16-mixed, bf16-true or bf16-frozen: the dtype the base is loaded in and the forward's autocast."""
+    device: str = "auto"
+    """auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps."""
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
 
 
 def kv_cache_bytes(model: nn.Module, context: int, vocab_size: int) -> int:
     """Bytes of the K/V cache after a real forward over `context` tokens (batch 1)."""
-    ids = torch.randint(0, vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
+    # drawn on the CPU generator so the tokens are the same on every device
+    ids = torch.randint(0, vocab_size, (1, context), generator=torch.Generator().manual_seed(0)).to(_device(model))
     with torch.no_grad():
         out = model(ids, use_cache=True, logits_to_keep=1)
     return sum(t.nbytes for layer in out.cache.layers for t in (layer.keys, layer.values))
 
 
 def greedy_sample(model, tokenizer, prompt: str, new_tokens: int) -> str:
-    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    ids = tokenizer(prompt, return_tensors="pt").input_ids.to(_device(model))
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
@@ -50,7 +61,8 @@ def inspect_model(model: nn.Module, tokenizer, args: InspectArgs) -> dict:
     family = family_of(model)
     d, n_layers = model.config.hidden_size, len(decoder_layers(model))
     base_params = count_parameters(model)
-    config = PreProjConfig(mode=args.mode)
+    p = as_precision(args.precision)
+    config = PreProjConfig(mode=args.mode, adapter_dtype=p.adapter_dtype_name)
     torch.manual_seed(args.seed)
     adapted = attach(copy.deepcopy(model), config)
     per_layer = [
@@ -65,7 +77,13 @@ def inspect_model(model: nn.Module, tokenizer, args: InspectArgs) -> dict:
     ]
     added = trainable_parameters(adapted)
     vocab = model.config.vocab_size
-    kv_base, kv_adapted = kv_cache_bytes(model, args.context, vocab), kv_cache_bytes(adapted, args.context, vocab)
+    with p.autocast_context(_device(model)):
+        kv_base, kv_adapted = kv_cache_bytes(model, args.context, vocab), kv_cache_bytes(adapted, args.context, vocab)
+        samples = {
+            "prompt": args.prompt,
+            "base": greedy_sample(model, tokenizer, args.prompt, args.new_tokens),
+            "adapted (paper init)": greedy_sample(adapted, tokenizer, args.prompt, args.new_tokens),
+        }
     return {
         "model": args.model,
         "model_type": model.config.model_type,
@@ -82,13 +100,12 @@ def inspect_model(model: nn.Module, tokenizer, args: InspectArgs) -> dict:
             "percent_of_total": 100.0 * added / (base_params + added),
         },
         "kv_cache": {"context": args.context, "base_bytes": kv_base, "adapted_bytes": kv_adapted, "ratio": kv_adapted / kv_base},
-        "samples": {
-            "prompt": args.prompt,
-            "base": greedy_sample(model, tokenizer, args.prompt, args.new_tokens),
-            "adapted (paper init)": greedy_sample(adapted, tokenizer, args.prompt, args.new_tokens),
-        },
+        "samples": samples,
+        "precision": p.name,
+        "device": str(_device(model)),
         "supported_families": {f.name: {"model_types": list(f.model_types), "layers": f.layers,
-                                        "attention": f.attention, "input_norm": f.input_norm} for f in FAMILIES},
+                                        "attention": f.attention, "input_norm": f.input_norm,
+                                        "lora_targets": f.lora_targets} for f in FAMILIES},
     }
 
 

