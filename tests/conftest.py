@@ -80,3 +80,24 @@ class CharTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return [3 + (ord(c) % 90) for c in text]
+
+
+def tiny_model_dir(path: Path, corpus: list[str], family: str = "llama", seed: int = 0) -> Path:
+    """A tiny model saved as an ordinary model directory (config, safetensors, a real byte-level BPE
+    tokenizer trained on `corpus`), loadable by `preproj.load_model` and by a `preproj` subprocess."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
+                                                     bos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    config = TINY_CONFIGS[family]()
+    config.vocab_size = len(tokenizer)
+    config.max_position_embeddings = 256
+    torch.manual_seed(seed)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

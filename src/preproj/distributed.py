@@ -126,12 +126,9 @@ def _fully_shard(loss_model: LossModel) -> nn.Module:
 
     from .families import decoder_layers
 
-    # One FSDP group holds parameters of one dtype: the adapter modules (fp32 masters on a bf16 base
-    # under bf16-frozen) get groups of their own, then each decoder layer, then everything left.
-    for module in loss_model.modules():
-        own = list(module.parameters(recurse=False))
-        if own and all(p.requires_grad for p in own):
-            fully_shard(module)
+    # One group per decoder layer (its adapter included), then the rest. FSDP2 wants one dtype for the
+    # trainable parameters of a group, not for the frozen ones: fp32 adapter masters on a bf16 base
+    # (bf16-frozen) share a layer's group.
     base = loss_model.model.get_base_model() if hasattr(loss_model.model, "get_base_model") else loss_model.model
     for layer in decoder_layers(base):
         fully_shard(layer)

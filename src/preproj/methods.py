@@ -74,13 +74,16 @@ def _save_nothing(model: nn.Module, out: Path) -> None:
 
 
 def _save_lora(model: nn.Module, out: Path) -> None:
-    model.save_pretrained(out, safe_serialization=True)
+    # The LoRA tensors are handed over as parameters, not through state_dict(): under FSDP, state_dict()
+    # returns shards even while the parameters are gathered for saving.
+    lora = {n: p.detach() for n, p in model.named_parameters() if "lora_" in n}
+    model.save_pretrained(out, safe_serialization=True, state_dict=lora)
 
 
 def _save_preproj_lora(model: nn.Module, out: Path) -> None:
     # The pre-projection in our two files, the LoRA half in out/lora/; load_adapter reads both.
     save_adapter(model.get_base_model(), out)
-    model.save_pretrained(out / "lora", safe_serialization=True)
+    _save_lora(model, out / "lora")
 
 
 METHODS = {

@@ -91,7 +91,7 @@ class TrainArgs:
     eval_every: int = 25
     """Held-out loss every N steps (and at the end)."""
     eval_batches: int = 4
-    """Micro-batches of held-out text per held-out loss."""
+    """Global micro-batches (batch_size x processes sequences each) of held-out text per held-out loss."""
     save_every: int = 25
     """Checkpoint every N steps (atomic; the last good one is kept)."""
     resume: bool = False
@@ -219,7 +219,7 @@ def _load_sharded(path: Path, wrapped, optimizer, device: torch.device) -> tuple
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-    options = StateDictOptions(ignore_frozen_params=True)
+    options = StateDictOptions(ignore_frozen_params=True, strict=False)  # the frozen base is not in a checkpoint
     model_state, optim_state = get_state_dict(wrapped, optimizer, options=options)
     state = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=str(path))
@@ -312,7 +312,7 @@ def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True) ->
     train_lines, held_lines, data_desc = datasets.training_corpus(args.data, data_dir, lines=args.lines)
     ids, labels = datasets.tokenize_examples(train_lines, tokenizer, args.seq_len, args.packing)
     held_ids, held_labels = datasets.tokenize_examples(held_lines, tokenizer, args.seq_len, args.packing,
-                                                       max_examples=args.eval_batches * args.batch_size)
+                                                       max_examples=args.eval_batches * args.batch_size * r.world_size)
 
     optimizer = make_optimizer(list(params.values()), args.lr, args.weight_decay)
     config = {**asdict(args), "world_size": r.world_size, "global_batch_size": args.batch_size * r.world_size,

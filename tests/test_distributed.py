@@ -1,0 +1,177 @@
+"""Several processes for real: `preproj train --nproc 2` (torchrun, gloo on CPU) on a tiny model directory.
+
+Each check compares against one process: DDP and FSDP2 at micro-batch b on 2 processes against 1
+process at 2b, a run with one rank killed and resumed against an uninterrupted one, and distributed
+evaluation against a single process's JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from preproj import load_adapter, load_model
+from preproj.cli import main
+
+from conftest import data_dir, tiny_model_dir
+
+LINES = [f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away {i * 7}" for i in range(300)]
+TRAIN = ["--data", "CORPUS", "--grad-accum", "2", "--seq-len", "32", "--lr", "1e-2", "--warmup", "2",
+         "--eval-every", "3", "--eval-batches", "2", "--save-every", "2", "--precision", "fp32", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist")
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n".join(LINES))
+    model = tiny_model_dir(root / "model", LINES)
+    return root, str(model), [str(corpus) if a == "CORPUS" else a for a in TRAIN]
+
+
+def preproj_cmd(*args: str, nproc: int = 2) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "preproj", *args]
+
+
+def run(cmd: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "TQDM_DISABLE": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def log_of(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+
+
+def adapter_of(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(out / "adapter_model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def single(setup):
+    """One process at micro-batch 4: the reference."""
+    root, model, train = setup
+    assert main(["train", "--model", model, *train, "--steps", "6", "--batch-size", "4", "--out", str(root / "single")]) == 0
+    return root / "single"
+
+
+def assert_same_run(a: Path, b: Path, tol: float) -> None:
+    ta, tb = adapter_of(a), adapter_of(b)
+    assert set(ta) == set(tb)
+    for k in ta:
+        assert torch.allclose(ta[k], tb[k], rtol=0, atol=tol), (k, float((ta[k] - tb[k]).abs().max()))
+    la, lb = log_of(a), log_of(b)
+    assert [r["step"] for r in la] == [r["step"] for r in lb]
+    for ra, rb in zip(la, lb):
+        for key in ("loss", "heldout_loss"):
+            assert (key in ra) == (key in rb)
+            if key in ra:
+                assert abs(ra[key] - rb[key]) <= tol, (ra, rb)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_equal_one_process_at_twice_the_batch(setup, single, strategy):
+    root, model, train = setup
+    out = root / f"two-{strategy}"
+    proc = run(preproj_cmd("train", "--model", model, *train, "--steps", "6", "--batch-size", "2", "--strategy", strategy,
+                           "--out", str(out)))
+    assert proc.stdout.count("summary:") == 1  # rank 0 alone reports
+    assert_same_run(single, out, 1e-5)
+    config = json.loads((out / "train_config.json").read_text())
+    assert config["world_size"] == 2 and config["global_batch_size"] == 4
+    # the saved adapter is the usual two files, unsharded, and loads into one process
+    fresh = load_adapter(load_model(model, device="cpu")[0], out)
+    reference = load_adapter(load_model(model, device="cpu")[0], single)
+    ids = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(fresh(ids).logits, reference(ids).logits, atol=1e-4)
+    if strategy == "fsdp":  # the sharded checkpoint holds exactly the parameters the adapter file was written from
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        assert (out / "checkpoint" / "meta.pt").is_file() and list((out / "checkpoint").glob("*.distcp"))
+        dcp_to_torch_save(str(out / "checkpoint"), str(root / "fsdp-full.pt"))
+        full = torch.load(root / "fsdp-full.pt", weights_only=True)["model"]
+        saved = adapter_of(out)
+        for k, v in saved.items():
+            i, rest = k.split(".", 2)[1:]
+            assert torch.equal(full[f"model.model.layers.{i}.self_attn.{rest}"], v), k
+        del dcp
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(b"RANK="):
+            return int(item[5:])
+    return None
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_killed_rank_resumes_to_the_same_adapter_bitwise(setup, strategy):
+    root, model, train = setup
+    args = ["train", "--model", model, *train, "--steps", "30", "--batch-size", "2", "--strategy", strategy]
+    full = root / f"full-{strategy}"
+    run(preproj_cmd(*args, "--out", str(full)))
+
+    killed = root / f"killed-{strategy}"
+    proc = subprocess.Popen(preproj_cmd(*args, "--out", str(killed)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "TQDM_DISABLE": "1"})
+    deadline, victim = time.monotonic() + 240, None
+    while victim is None and time.monotonic() < deadline and proc.poll() is None:
+        log = killed / "train_log.jsonl"
+        if log.is_file() and len(log.read_text().splitlines()) >= 6:  # past the checkpoint at step 4
+            victim = next((p for p in _children(proc.pid) if _rank_of(p) == 1), None)
+            if victim:
+                os.kill(victim, signal.SIGKILL)
+        time.sleep(0.01)
+    _, err = proc.communicate(timeout=120)
+    assert victim is not None, "the run ended before rank 1 could be killed"
+    assert proc.returncode != 0, "torchrun reported success although rank 1 was killed"
+    steps_done = log_of(killed)[-1]["step"]
+    assert steps_done < 30 and not (killed / "summary.json").exists()
+
+    run(preproj_cmd(*args, "--out", str(killed), "--resume"))
+    a, b = adapter_of(full), adapter_of(killed)
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["step"] for r in log_of(killed)] == list(range(31))
+    assert log_of(killed)[-1]["heldout_loss"] == log_of(full)[-1]["heldout_loss"]
+
+
+@pytest.mark.integration
+def test_distributed_eval_writes_the_single_process_json(setup, tmp_path):
+    assert data_dir() is not None, "../shared/data or $PREPROJ_DATA_DIR is needed"
+    _, model, _ = setup
+    args = ["eval", "--model", model, "--tasks", "lambada,wikitext,arc_easy", "--limit", "7", "--max-length", "64",
+            "--device", "cpu", "--data-dir", str(data_dir())]
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    # the same thread count as each torchrun worker, so that every kernel reduces in the same order
+    run(["env", "OMP_NUM_THREADS=1", *preproj_cmd(*args, "--out", str(one), nproc=1)])
+    run(preproj_cmd(*args, "--out", str(two)))
+    a, b = json.loads(one.read_text()), json.loads(two.read_text())
+    assert a.pop("seconds").keys() == b.pop("seconds").keys()
+    assert a == b and a["tasks"]["lambada"]["n"] == 7
