@@ -129,7 +129,7 @@ def make_optimizer(params: list[torch.Tensor], lr: float, weight_decay: float = 
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused)
 
 
-def autocast_for(precision: str, device: torch.device | str = "cpu"):
+def autocast_for(precision: str, device: torch.device | str):
     """The autocast context of a precision word on `device` (precision.py holds the vocabulary)."""
     return as_precision(precision).autocast_context(device)
 
@@ -231,7 +231,7 @@ def _load_sharded(path: Path, wrapped, optimizer, device: torch.device) -> tuple
 
 def _restore_rng(state: dict, device: torch.device) -> None:
     rng = state.get("rng") or {"cpu": state["torch_rng"]}  # checkpoints before the CUDA state was kept
-    set_rng_state({k: v.cpu() for k, v in rng.items()}, device)
+    set_rng_state({k: v.cpu() for k, v in rng.items()}, device)  # RNG states are host byte tensors
 
 
 # --- the loop ------------------------------------------------------------------------------------

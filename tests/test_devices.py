@@ -1,0 +1,219 @@
+"""Devices and precisions: one vocabulary, no tensor on a hard-coded device, and the CUDA checks.
+
+A CPU-only machine cannot run anything on a GPU, so "nothing is created on a hard-coded device" is
+checked twice over: at run time, every tensor that preproj's own code creates while training and
+evaluating names its device (nothing falls back to the default device, which is the CPU); and in the
+source, no device literal is passed to a call outside the few places listed below with their reason.
+The tests marked `cuda` run where a GPU is (benchmarks/gpu_check.sh) and are skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+import preproj
+from preproj.evaluation import LogLikelihood
+from preproj.precision import PRECISIONS, precision, resolve_device
+from preproj.training import TrainArgs, train
+
+from conftest import CharTokenizer, tiny_model
+
+SRC = Path(preproj.__file__).resolve().parent
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run benchmarks/gpu_check.sh on one")
+
+
+def test_precision_words_mean_one_thing():
+    assert set(PRECISIONS) == {"fp32", "bf16-mixed", "bf16-true", "bf16-frozen"}
+    table = {name: (p.weights, p.adapter, p.autocast) for name, p in PRECISIONS.items()}
+    f32, b16 = torch.float32, torch.bfloat16
+    assert table == {"fp32": (f32, f32, None), "bf16-mixed": (f32, f32, b16), "bf16-true": (b16, b16, None),
+                     "bf16-frozen": (b16, f32, b16)}
+    with precision("bf16-mixed").autocast_context(torch.device("cpu")):
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    with precision("fp32").autocast_context("cpu"):
+        assert not torch.is_autocast_enabled("cpu")
+    with pytest.raises(ValueError, match="'bf16' alone is ambiguous"):
+        precision("bf16")
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16-mixed, bf16-true, bf16-frozen"):
+        precision("fp16")
+
+
+def test_device_specs_resolve_or_say_what_is_wrong(monkeypatch):
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto") == (torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"))
+    with pytest.raises(ValueError, match="Unknown device 'tpu'"):
+        resolve_device("tpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(ValueError, match="torch sees no CUDA GPU here; use --device cpu"):
+        resolve_device("cuda:1")
+
+
+@pytest.mark.parametrize("name", ["bf16-true", "bf16-frozen"])
+def test_load_and_train_follow_the_precision(tmp_path, name):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away {i * 7}" for i in range(50)))
+    p = precision(name)
+    model = tiny_model("llama", dtype=p.weights)
+    summary, trained = train(TrainArgs(model="tiny", out=str(tmp_path / "run"), data=str(corpus), steps=2, batch_size=2,
+                                       seq_len=16, eval_batches=1, precision=name, device="cpu"),
+                             model, CharTokenizer(), progress=False)
+    adapter = [p_ for p_ in trained.parameters() if p_.requires_grad]
+    frozen = [p_ for p_ in trained.parameters() if not p_.requires_grad]
+    assert {t.dtype for t in adapter} == {p.adapter} and {t.dtype for t in frozen} == {p.weights}
+    assert summary["precision"] == name and summary["device"] == "cpu"
+    assert ("bf16_erased_update_fraction" in summary) == (name == "bf16-true")
+
+
+# --- nothing on a hard-coded device ----------------------------------------------------------------
+
+FACTORIES = {torch.tensor, torch.as_tensor, torch.zeros, torch.ones, torch.empty, torch.full, torch.arange,
+             torch.rand, torch.randn, torch.randint, torch.linspace, torch.eye}
+HOST_DATA = {"data.py"}  # token ids live in host memory, like a DataLoader's; each batch is moved to the model
+
+
+class FactoryCalls(TorchFunctionMode):
+    """Records (file, line, device) of every tensor factory called directly from preproj's own source."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[str, int, object]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in FACTORIES:
+            caller = sys._getframe(1)
+            if Path(caller.f_code.co_filename).resolve().parent == SRC:
+                self.calls.append((Path(caller.f_code.co_filename).name, caller.f_lineno, kwargs.get("device")))
+        return func(*args, **kwargs)
+
+
+def test_training_and_eval_create_no_tensor_on_the_default_device(tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away {i * 7}" for i in range(50)))
+    recorder = FactoryCalls()
+    with recorder:
+        _, model = train(TrainArgs(model="tiny", out=str(tmp_path / "run"), data=str(corpus), steps=3, batch_size=2,
+                                   grad_accum=2, seq_len=16, eval_every=2, eval_batches=1, save_every=2,
+                                   precision="bf16-mixed", device="cpu"),
+                         tiny_model("llama"), CharTokenizer(), progress=False)
+        score = LogLikelihood(model, CharTokenizer(), progress=False, precision="bf16-mixed")
+        score([([1, 5, 6], [7, 8]), ([1, 9], [10])])
+    seen = {name for name, _, _ in recorder.calls}
+    assert {"loss.py", "evaluation.py"} <= seen, seen  # the recorder sees the code paths it guards
+    implicit = [(name, line) for name, line, device in recorder.calls if device is None and name not in HOST_DATA]
+    assert not implicit, f"tensors created on the default device instead of the model's: {implicit}"
+
+
+def test_the_recorder_catches_an_implicit_device():
+    recorder = FactoryCalls()
+    with recorder:
+        exec(compile("torch.zeros(3)\ntorch.ones(2, device=torch.device('meta'))", str(SRC / "imagined.py"), "exec"))
+    assert [(name, device) for name, _, device in recorder.calls] == [("imagined.py", None),
+                                                                      ("imagined.py", torch.device("meta"))]
+
+
+ALLOWED_LITERALS = {
+    "precision.py": "the device vocabulary itself",
+    ("adapter.py", "save_adapter"): "safetensors writes from host memory",
+    ("training.py", "_restore_rng"): "RNG states are host byte tensors",
+}
+DEVICE_WORDS = {"cpu", "cuda", "mps"}
+
+
+def _device_literals(path: Path) -> list[tuple[str, int]]:
+    """(function, line) of each device literal passed to a call, used as a default, or .cpu()/.cuda()."""
+    found = []
+
+    def visit(node, func_name):
+        for child in ast.iter_child_nodes(node):
+            name = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else func_name
+            if isinstance(child, ast.Call):
+                values = list(child.args) + [k.value for k in child.keywords]
+                if any(isinstance(v, ast.Constant) and isinstance(v.value, str)
+                       and v.value.split(":")[0] in DEVICE_WORDS for v in values):
+                    found.append((name, child.lineno))
+                if isinstance(child.func, ast.Attribute) and child.func.attr in ("cpu", "cuda") and not child.args:
+                    found.append((name, child.lineno))
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defaults = child.args.defaults + [d for d in child.args.kw_defaults if d is not None]
+                if any(isinstance(d, ast.Constant) and d.value in DEVICE_WORDS for d in defaults):
+                    found.append((name, child.lineno))
+            visit(child, name)
+
+    visit(ast.parse(path.read_text()), "<module>")
+    return found
+
+
+def test_no_device_literal_outside_the_listed_places():
+    offending = []
+    for path in sorted(SRC.glob("*.py")):
+        if path.name in ALLOWED_LITERALS:
+            continue
+        offending += [f"{path.name}:{line} in {func}" for func, line in _device_literals(path)
+                      if (path.name, func) not in ALLOWED_LITERALS]
+    assert not offending, f"hard-coded devices: {offending}"
+
+
+def test_the_scan_finds_what_it_looks_for(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\ndef f(x, device='cuda'):\n    y = torch.zeros(3, device='cpu')\n"
+                   "    with torch.autocast('cpu'):\n        return x.cuda() + y.cpu()\n")
+    assert [line for _, line in _device_literals(bad)] == [2, 3, 4, 5, 5]
+
+
+# --- on a GPU ----------------------------------------------------------------------------------------
+
+@cuda
+@pytest.mark.parametrize("name", ["fp32", "bf16-mixed", "bf16-frozen"])
+def test_cuda_training_matches_cpu_and_resumes_bitwise(tmp_path, name):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away {i * 7}" for i in range(80)))
+
+    def args(out, **kw):
+        base = dict(model="tiny", out=str(tmp_path / out), data=str(corpus), steps=6, batch_size=2, seq_len=16,
+                    eval_every=3, eval_batches=1, save_every=3, precision=name, lr=1e-3)
+        return TrainArgs(**{**base, **kw})
+
+    p = precision(name)
+    on_gpu, model = train(args("gpu", device="cuda"), tiny_model("llama", dtype=p.weights), CharTokenizer(), progress=False)
+    assert next(model.parameters()).device.type == "cuda"
+    on_cpu, _ = train(args("cpu", device="cpu"), tiny_model("llama", dtype=p.weights), CharTokenizer(), progress=False)
+    tol = 1e-4 if name == "fp32" else 5e-2
+    assert abs(on_gpu["final_heldout_loss"] - on_cpu["final_heldout_loss"]) < tol
+    state = torch.load(tmp_path / "gpu" / "checkpoint" / "state.pt", weights_only=True)
+    assert "cuda" in state["rng"]
+    # killed during step 5 (after the checkpoint at step 3), then resumed on the GPU: the same adapter, bit for bit
+    killed = tiny_model("llama", dtype=p.weights)
+    forward, calls = killed.model.forward, {"n": 0}
+
+    def dies(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 1 + 4 + 1 + 1:  # held-out, 4 steps, held-out at step 3, then step 5
+            raise KeyboardInterrupt("killed")
+        return forward(*a, **k)
+
+    killed.model.forward = dies
+    with pytest.raises(KeyboardInterrupt):
+        train(args("resumed", device="cuda"), killed, CharTokenizer(), progress=False)
+    train(args("resumed", device="cuda", resume=True), tiny_model("llama", dtype=p.weights), CharTokenizer(), progress=False)
+    from safetensors.torch import load_file
+
+    a, b = load_file(tmp_path / "gpu" / "adapter_model.safetensors"), load_file(tmp_path / "resumed" / "adapter_model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@cuda
+def test_cuda_eval_matches_cpu():
+    model = tiny_model("llama")
+    pairs = [([1, 5, 6, 7, 8], [9, 10]), ([1, 9], [10, 11, 12])]
+    cpu = LogLikelihood(model, CharTokenizer(), progress=False)(pairs)
+    gpu = LogLikelihood(model.to("cuda"), CharTokenizer(), progress=False)(pairs)
+    assert [g for _, g in cpu] == [g for _, g in gpu]
+    assert all(abs(a - b) < 1e-4 for (a, _), (b, _) in zip(cpu, gpu))
