@@ -121,7 +121,8 @@ def test_paper_protocol_definitions():
     result = lambada_paper(score, docs)
     assert result["n"] == 1 and result["skipped_over_512_tokens"] == 1
     # WikiText (paper): exp of the mean over lines of each line's mean token loss.
-    lines = ["the first line of text, long enough", "a second, different line"]
+    lines = ["the first line of text, long enough to pass the paper's 50-character rule\n",
+             "a second, different line, which is also long enough to be scored by the rule\n"]
     ref = []
     for line in lines:
         ids = torch.tensor([CharTokenizer().encode(line)])
@@ -129,3 +130,28 @@ def test_paper_protocol_definitions():
             lp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1).gather(1, ids[0, 1:, None])
         ref.append(-float(lp.mean()))
     assert wikitext_paper(score, lines)["perplexity"] == pytest.approx(math.exp(np.mean(ref)), rel=1e-5)
+
+
+@pytest.mark.integration
+def test_paper_wikitext_rows_are_the_authors(smollm2):
+    """07_benchmarks.py evaluate_perplexity, written out: the first 300 rows of the Hub's validation split
+    (one row per line of the raw file, blank rows '', each other row keeping its newline), scored if the
+    stripped row has >= 50 characters and tokenises, truncated to 512, to >= 10 tokens."""
+    from preproj.evaluation import paper_wikitext_rows
+
+    assert data_dir() is not None, "../shared/data or $PREPROJ_DATA_DIR is needed"
+    _, tokenizer = smollm2
+    with open(data_dir() / "wikitext-2-raw" / "wiki.valid.raw", encoding="utf-8") as f:
+        hub_rows = [line if line.strip() else "" for line in f]
+    author = []
+    for text in hub_rows[:300]:
+        if len(text.strip()) < 50:
+            continue
+        if tokenizer(text, return_tensors="pt", truncation=True, max_length=512).input_ids.shape[1] < 10:
+            continue
+        author.append(text)
+    ours = paper_wikitext_rows(datasets.wikitext_rows("valid", data_dir()), tokenizer.encode)
+    assert len(ours) == len(author) and 100 < len(author) < 200
+    assert ours[0][0] == author[0] and ours[-1][0] == author[-1] and ours[-1][0].endswith("\n")
+    old_rule = [line for line in datasets.wikitext_lines("valid", data_dir()) if len(line.strip()) > 50][:300]
+    assert len(old_rule) > 1.5 * len(ours)  # what the protocol scored before: about twice the text

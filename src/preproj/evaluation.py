@@ -274,20 +274,23 @@ def wikitext_harness(score: LogLikelihood, docs: list[dict]) -> dict:
             "bits_per_byte_stderr": se_byte / math.log(2), "tokens": int(sum(len(w[1]) for w in windows))}
 
 
-def paper_wikitext_rows(rows: list[str]) -> list[str]:
-    """The rows the author's rule visits and keeps by length: the first 300 rows, blank ones included,
-    whose stripped text has at least 50 characters (the 10-token rule is applied when tokenising)."""
-    return [row for row in rows[:PAPER_WIKITEXT_ROWS] if len(row.strip()) >= PAPER_MIN_CHARS]
+def paper_wikitext_rows(rows: list[str], encode) -> list[tuple[str, list[int]]]:
+    """(row, its token ids) for each row the author's rule scores (PAPER.md §2): of the first 300 rows,
+    blank ones included, those whose stripped text has >= 50 characters and which tokenise, truncated to
+    512 tokens, to >= 10 tokens. Each row keeps its trailing newline."""
+    picked = []
+    for row in rows[:PAPER_WIKITEXT_ROWS]:
+        if len(row.strip()) >= PAPER_MIN_CHARS:
+            ids = encode(row)[:PAPER_MAX_TOKENS]
+            if len(ids) >= PAPER_MIN_TOKENS:
+                picked.append((row, ids))
+    return picked
 
 
 def wikitext_paper(score: LogLikelihood, rows: list[str]) -> dict:
-    """PAPER.md §2: each row (with its trailing newline) truncated to 512 tokens, scored if it has at
-    least 10; perplexity = exp(mean over rows of the row's mean token loss)."""
-    pairs = []
-    for row in rows:
-        ids = score.encode(row)[:PAPER_MAX_TOKENS]
-        if len(ids) >= PAPER_MIN_TOKENS:
-            pairs.append((ids[:1], ids[1:]))
+    """PAPER.md §2: perplexity = exp(mean over the scored rows of each row's mean token loss), the loss
+    of model(ids, labels=ids): every token after the first is predicted."""
+    pairs = [(ids[:1], ids[1:]) for _, ids in paper_wikitext_rows(rows, score.encode)]
     results = score(pairs, desc="wikitext (paper)")
     line_loss = [-ll / len(cont) for (ll, _), (_, cont) in zip(results, pairs)]
     ppl = math.exp(np.mean(line_loss))
@@ -304,7 +307,7 @@ def run_task(score: LogLikelihood, task: str, protocol: str, limit: int | None, 
     if task == "wikitext":
         if protocol == "harness":
             return wikitext_harness(score, take(datasets.wikitext_documents(data_dir)))
-        return wikitext_paper(score, paper_wikitext_rows(datasets.wikitext_rows("valid", data_dir)))
+        return wikitext_paper(score, datasets.wikitext_rows("valid", data_dir))
     if task in ("hellaswag", "hellaswag_full"):
         docs = take(datasets.hellaswag(data_dir, full=task == "hellaswag_full"))
         if protocol == "harness":
