@@ -46,6 +46,7 @@ from preproj.adapter import write_json
 from preproj.inspection import kv_cache_bytes
 from preproj.loss import causal_lm_loss
 from preproj.methods import build_method
+from preproj.precision import resolve_device
 from preproj.training import autocast_for, make_optimizer
 
 TARGETS = {  # name: (comparison, bound, what it says)
@@ -57,8 +58,15 @@ TARGETS = {  # name: (comparison, bound, what it says)
     "eval_vs_harness": ("<=", 1.0, "preproj eval time / harness HFLM time"),
 }
 BATCH, SEQ = 4, 256
+DEVICE = torch.device("cpu")  # set from --device in main(); every tensor below is made on it
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 EVAL_LIMITS = {"lambada": 200, "hellaswag": 50, "arc_easy": 100, "wikitext": 3}
+
+
+def synchronize() -> None:
+    """Wait for the device's queued work: GPU kernels run asynchronously, so a timer must wait for them."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
 
 
 def interleaved_times(fns: dict, rounds: int) -> dict[str, list[float]]:
@@ -68,8 +76,10 @@ def interleaved_times(fns: dict, rounds: int) -> dict[str, list[float]]:
     times = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            synchronize()
             start = time.perf_counter()
             fn()
+            synchronize()
             times[name].append(time.perf_counter() - start)
     return times
 
@@ -84,15 +94,20 @@ def paired_ratio(times: dict[str, list[float]], num: str, den: str) -> float:
 
 def matmul_peak(dtype: torch.dtype, d: int, ffn: int, seconds: float = 1.0) -> tuple[float, tuple[int, int, int]]:
     """(FLOP/s, shape) of the fastest of several large products in `dtype`: square ones and the model's own."""
-    shapes = [(n, n, n) for n in (1024, 2048, 3072)] + [(BATCH * SEQ, d, d), (BATCH * SEQ, d, ffn), (BATCH * SEQ, ffn, d)]
+    sizes = (1024, 2048, 3072) + ((8192,) if DEVICE.type == "cuda" else ())  # a GPU needs large products to peak
+    shapes = [(n, n, n) for n in sizes] + [(BATCH * SEQ, d, d), (BATCH * SEQ, d, ffn), (BATCH * SEQ, ffn, d)]
     best = (0.0, shapes[0])
     for m, k, n in shapes:
-        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+        a, b = torch.randn(m, k, dtype=dtype, device=DEVICE), torch.randn(k, n, dtype=dtype, device=DEVICE)
         a @ b
+        synchronize()
         calls, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds / len(shapes) or calls < 3:
             a @ b
             calls += 1
+            if calls % 16 == 0:
+                synchronize()
+        synchronize()
         best = max(best, (2 * m * k * n * calls / (time.perf_counter() - start), (m, k, n)))
     return best
 
@@ -100,7 +115,7 @@ def matmul_peak(dtype: torch.dtype, d: int, ffn: int, seconds: float = 1.0) -> t
 def peak_workload(dtype: torch.dtype, shape: tuple[int, int, int], flop_per_s: float, seconds: float = 0.5):
     """(fn, FLOPs per call): the peak product repeated for about `seconds`, to time in the same rounds as the steps."""
     m, k, n = shape
-    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+    a, b = torch.randn(m, k, dtype=dtype, device=DEVICE), torch.randn(k, n, dtype=dtype, device=DEVICE)
     reps = max(1, round(seconds * flop_per_s / (2 * m * k * n)))
 
     def run() -> None:
@@ -152,7 +167,7 @@ def bench_train(base, rounds: int, log, peak: dict, batch: int = BATCH, seq: int
     """`peak`: {"bf16": (shape, flop_per_s), "fp32": ...} from matmul_peak. The peak product runs in every
     round next to the steps, and each round's MFU divides by that round's peak: a machine that slows
     down for a while slows both."""
-    ids = torch.randint(0, base.config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, base.config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     setups = {m: training_setup(base, m) for m in ("preproj+skip", "lora", "base")}
     steps, flops = {}, {}
     for (method, (model, opt)) in setups.items():
@@ -202,6 +217,7 @@ def bench_generate(base, adapted, rounds: int, new_tokens: int, log) -> dict:
             models = {k: copy.deepcopy(m).to(dtype) for k, m in models.items()}
         for batch in (1, 8):
             ids = torch.randint(0, base.config.vocab_size, (batch, 32), generator=torch.Generator().manual_seed(batch))
+            ids = ids.to(DEVICE)
             kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                       do_sample=False, pad_token_id=0)
             t = interleaved_times({k: (lambda m=m, ids=ids, kw=kw: m.generate(ids, **kw)) for k, m in models.items()}, rounds)
@@ -237,8 +253,10 @@ def bench_eval(model, tokenizer, data: Path, limits: dict, harness_batch: int, l
             order = list(runs) if k % 2 == 0 else list(runs)[::-1]  # neither always runs on a warmer machine
             seconds = {}
             for name in order:
+                synchronize()
                 start = time.perf_counter()
                 runs[name]()
+                synchronize()
                 seconds[name] = time.perf_counter() - start
             rows.append({"task": task, "limit": limit, "preproj_s": seconds["preproj"], "harness_s": seconds["harness"],
                          "ratio": seconds["preproj"] / seconds["harness"]})
@@ -253,22 +271,24 @@ def bench_eval(model, tokenizer, data: Path, limits: dict, harness_batch: int, l
 def child(job: str, model_name: str, data: str | None) -> None:
     """Run one job and print {"peak_rss_bytes": ...} as the last line of stdout."""
     if job == "load":  # and one short forward, so that every weight page is really resident
-        model, _ = load_model(model_name)
+        model, _ = load_model(model_name, device=DEVICE)
         with torch.no_grad():
-            model(torch.zeros(1, 128, dtype=torch.long))
+            model(torch.zeros(1, 128, dtype=torch.long, device=DEVICE))
     elif job == "train":
         from preproj.training import TrainArgs, train
 
         with tempfile.TemporaryDirectory() as tmp:
-            train(TrainArgs(model=model_name, out=tmp + "/run", data_dir=data, steps=4, eval_every=4, save_every=4),
+            train(TrainArgs(model=model_name, out=tmp + "/run", data_dir=data, steps=4, eval_every=4, save_every=4,
+                            device=str(DEVICE)),
                   progress=False)
     elif job == "eval":
         from preproj.evaluation import evaluate
 
-        model, tokenizer = load_model(model_name)
+        model, tokenizer = load_model(model_name, device=DEVICE)
         evaluate(model, tokenizer, ["lambada"], limit=100, data_dir=data, progress=False)
         evaluate(model, tokenizer, ["wikitext"], limit=2, data_dir=data, max_length=2048, progress=False)
-    print(json.dumps({"peak_rss_bytes": peak_rss_bytes()}))
+    peak_gpu = torch.cuda.max_memory_allocated(DEVICE) if DEVICE.type == "cuda" else None
+    print(json.dumps({"peak_rss_bytes": peak_rss_bytes(), "peak_gpu_bytes": peak_gpu}))
 
 
 def peak_rss_bytes() -> int:
@@ -285,15 +305,18 @@ def peak_rss_bytes() -> int:
 
 
 def bench_memory(model_name: str, data: Path, log) -> dict:
-    out = {}
+    out, gpu = {}, {}
     for job in ("load", "train", "eval"):
-        proc = subprocess.run([sys.executable, __file__, "--child", job, "--model", model_name, "--data-dir", str(data)],
+        proc = subprocess.run([sys.executable, __file__, "--child", job, "--model", model_name, "--data-dir", str(data),
+                               "--device", str(DEVICE)],
                               capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"}, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"memory job {job!r} failed:\n{proc.stderr[-2000:]}")
-        out[job] = json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss_bytes"]
-        log(f"  {job:<6} peak RSS {out[job] / 2**30:.2f} GiB")
-    return {"peak_rss_bytes": out, "jobs": {"load": "load_model and one 128-token forward", "train": "preproj train, 4 steps x 4 x 256, bf16-mixed",
+        measured = json.loads(proc.stdout.strip().splitlines()[-1])
+        out[job], gpu[job] = measured["peak_rss_bytes"], measured["peak_gpu_bytes"]
+        log(f"  {job:<6} peak RSS {out[job] / 2**30:.2f} GiB"
+            + (f", peak GPU memory {gpu[job] / 2**30:.2f} GiB" if gpu[job] is not None else ""))
+    return {"peak_rss_bytes": out, "peak_gpu_bytes": gpu, "jobs": {"load": "load_model and one 128-token forward", "train": "preproj train, 4 steps x 4 x 256, bf16-mixed",
                                             "eval": "preproj eval, 100 LAMBADA items and 2 WikiText documents at max length 2048, fp32"}}
 
 
@@ -358,6 +381,7 @@ def format_table(r: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps")
     parser.add_argument("--data-dir", default=None, help="default: $PREPROJ_DATA_DIR")
     parser.add_argument("--out", default="benchmarks/results/bench.json")
     parser.add_argument("--only", default="peak,train,generate,kv,eval,memory", help="comma-separated sections")
@@ -366,6 +390,8 @@ def main() -> None:
     parser.add_argument("--harness-batch-size", type=int, default=16)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = resolve_device(args.device)
     if args.child:
         return child(args.child, args.model, args.data_dir)
 
@@ -384,10 +410,10 @@ def main() -> None:
         print(f"[{time.monotonic() - wall:6.0f}s] {msg}", flush=True)
 
     log(f"loading {args.model}; torch {torch.__version__}, {torch.get_num_threads()} threads")
-    base, tokenizer = load_model(args.model)
+    base, tokenizer = load_model(args.model, device=DEVICE)
     base.eval()
     d, ffn = base.config.hidden_size, getattr(base.config, "intermediate_size", 4 * base.config.hidden_size)
-    r = {"model": args.model, "torch": torch.__version__, "threads": torch.get_num_threads(), "rounds": args.rounds}
+    r = {"model": args.model, "device": str(DEVICE), "torch": torch.__version__, "threads": torch.get_num_threads(), "rounds": args.rounds}
 
     if "peak" in sections or "train" in sections:
         log("peak: matmul roofline")

@@ -404,6 +404,8 @@ def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True) ->
     }
     if audit:
         summary["bf16_erased_update_fraction"] = audit.fraction(device)
+    if device.type == "cuda":
+        summary["peak_gpu_memory_bytes"] = torch.cuda.max_memory_allocated(device)
     if r.is_main:
         write_json(out / "summary.json", summary)
     ddist.barrier()
