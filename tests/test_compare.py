@@ -47,11 +47,19 @@ def test_compare_writes_table_results_and_plots(tmp_path, tiny_real_vocab_model,
     cell = results["methods"]["preproj+skip"]["metrics"]["lambada.acc"]
     assert cell["n_items"] == 4 and cell["ci95"] is not None
     assert len(json.loads((out / "skip_norms.json").read_text())["ours"]["preproj+skip"]) == n
+    assert (results["precision"], results["eval_precision"]) == ("bf16-mixed", "fp32")  # one each, for every method
     text = (out / "report.md").read_text()
+    assert "training bf16-mixed, evaluation fp32" in text
     assert "| preproj+skip | 0.01M |" in text and "Pythia-160M" in text and "## What agrees" in text
     # A second run reuses every finished (method, seed) instead of training again.
     again = run_compare(args, progress=False)
     assert again["methods"]["lora"]["metrics"] == report["methods"]["lora"]["metrics"]
+
+
+def test_precisions_that_load_the_base_differently_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="pick two that load the base alike"):
+        run_compare(CompareArgs(methods="base", precision="bf16-true", eval_precision="fp32", out=str(tmp_path)),
+                    progress=False)
 
 
 def test_agreement_paragraph_reads_the_numbers():

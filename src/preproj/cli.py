@@ -156,10 +156,16 @@ def _torchrun(nproc: int, argv: list[str]) -> int:
 
 
 def _compare(ns: argparse.Namespace) -> int:
+    from . import distributed as ddist
     from .compare import CompareArgs, run_compare
+    from .precision import resolve_device
 
     args = _args(ns, CompareArgs)
+    r = ddist.setup(resolve_device(args.device))
+    ddist.main_prints(r)
     report = run_compare(args)
+    if not r.is_main:
+        return 0
     print((Path(args.out) / "report.md").read_text())
     print(f"summary: {len(report['methods'])} methods compared in {report['wall_seconds'] / 60:.1f} min; "
           f"report.md, results.json, skip_norms.png, training_curves.png in {args.out}")

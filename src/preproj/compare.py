@@ -48,9 +48,11 @@ HEADERS = ["LAMBADA acc", "HellaSwag acc_norm", "ARC-E acc", "WikiText PPL"]
 
 PRESETS = {
     # Sized for the embedded SmolLM2-135M on 2 CPU cores: the whole comparison in under 30 minutes.
-    # One precision trains every method and evaluates every method, the base included.
+    # One precision trains every method; one evaluates every method, the base included (the two load the
+    # base in the same dtype, so the base is exactly the model the methods were trained on).
     "cpu": {
         "precision": "bf16-mixed",
+        "eval_precision": "fp32",
         "train": dict(data="wikitext2", packing="pack", seq_len=256, batch_size=4, grad_accum=1, steps=32, lr=3e-4,
                       warmup=4, eval_every=8, eval_batches=4, save_every=8),
         "eval": dict(protocol="harness", limits={"lambada": 200, "hellaswag": 100, "arc_easy": 200, "wikitext": 2},
@@ -60,6 +62,7 @@ PRESETS = {
     # step; several processes split the 4 sequences of each micro-batch between them.
     "paper": {
         "precision": "bf16-true",
+        "eval_precision": "bf16-true",
         "train": dict(data="wikitext103", lines=2000, packing="lines", seq_len=512, batch_size=4, grad_accum=4, steps=500,
                       lr=1e-5, warmup=50, activation_checkpointing=True, eval_every=50, save_every=50),
         "eval": dict(protocol="paper", limits={}, max_length=None),
@@ -86,7 +89,10 @@ class CompareArgs:
     lr: float | None = None
     """Override the preset's peak learning rate."""
     precision: str | None = None
-    """Override the preset's precision (fp32, bf16-mixed, bf16-true, bf16-frozen): it trains and evaluates every method."""
+    """Override the preset's training precision (fp32, bf16-mixed, bf16-true, bf16-frozen), the same for every method."""
+    eval_precision: str | None = None
+    """Override the preset's evaluation precision, the same for every method and the base; it must load the base
+    in the training precision's dtype."""
     device: str = "auto"
     """auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps."""
     strategy: str = "ddp"
@@ -116,6 +122,10 @@ def run_compare(args: CompareArgs, progress: bool = True) -> dict:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {args.preset!r}.")
     preset = PRESETS[args.preset]
     precision = as_precision(args.precision or preset["precision"])
+    eval_precision = as_precision(args.eval_precision or preset["eval_precision"])
+    if eval_precision.weights != precision.weights:
+        raise ValueError(f"eval precision {eval_precision.name} loads weights in {eval_precision.weights}, training "
+                         f"precision {precision.name} in {precision.weights}: pick two that load the base alike.")
     device = resolve_device(args.device)
     r = ddist.setup(device)
     out = Path(args.out)
@@ -149,7 +159,7 @@ def run_compare(args: CompareArgs, progress: bool = True) -> dict:
             tasks = {}
             for task, limit in ({t: limits.get(t) for t in ("lambada", "hellaswag", "arc_easy", "wikitext")}).items():
                 res = evaluate(model, tokenizer, [task], protocol=eval_cfg["protocol"], limit=limit, data_dir=args.data_dir,
-                               max_length=eval_cfg["max_length"], precision=precision.name, progress=progress)
+                               max_length=eval_cfg["max_length"], precision=eval_precision.name, progress=progress)
                 tasks[task] = res["tasks"][task]
             result = {"method": method, "seed": seed, "tasks": tasks,
                       "trainable_params": summary["trainable_params"] if summary else 0,
@@ -165,7 +175,7 @@ def run_compare(args: CompareArgs, progress: bool = True) -> dict:
                 f"{t} {m}={tasks[t][m]:.4g}" for t, m in COLUMNS[eval_cfg["protocol"]]), flush=True)
 
     report = summarise(runs, methods, args, eval_cfg["protocol"], limits, time.monotonic() - start)
-    report["precision"], report["device"] = precision.name, str(device)
+    report.update(precision=precision.name, eval_precision=eval_precision.name, device=str(device))
     if not r.is_main:
         return report
     write_json(out / "results.json", report)
@@ -216,8 +226,8 @@ def render_report(report: dict) -> str:
     lines = [f"# preproj compare: {report['model']} (preset {report['preset']})", "",
              f"Protocol `{protocol}`; evaluation items per task: "
              + (", ".join(f"{k} {v}" for k, v in report["eval_limits"].items()) or "the protocol's defaults")
-             + f". Training: {json.dumps(report['train'])}. Precision (training and evaluation, every method): "
-             f"{report.get('precision', '?')}. Seeds per method: {report['seeds']}. "
+             + f". Training: {json.dumps(report['train'])}. Precision, the same for every method: training "
+             f"{report.get('precision', '?')}, evaluation {report.get('eval_precision', '?')}. Seeds per method: {report['seeds']}. "
              "Intervals are 95%: over seeds when there are several, else 1.96 x the metric's standard error.", "",
              "| method | trainable params | " + " | ".join(HEADERS) + " | train tokens | train time | eval time |",
              "|---" * (len(HEADERS) + 5) + "|"]

@@ -26,7 +26,7 @@ from . import data as datasets
 from . import distributed as ddist
 from .adapter import write_json
 from .loss import body_and_head
-from .precision import precision as as_precision
+from .precision import check_weights_dtype, precision as as_precision
 
 TASKS = ("lambada", "wikitext", "hellaswag", "arc_easy")
 EXTRA_TASKS = ("hellaswag_full",)
@@ -375,15 +375,6 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] = TASKS, *, pro
     finally:
         model.train(was_training)
     return report
-
-
-def check_weights_dtype(model: nn.Module, precision: str) -> None:
-    """A precision word describes the weights too: refuse a model whose base was loaded in another dtype."""
-    want = as_precision(precision).weights
-    frozen = [p.dtype for p in model.parameters() if not p.requires_grad] or [p.dtype for p in model.parameters()]
-    if frozen and frozen[0] != want:
-        raise ValueError(f"precision {precision!r} evaluates a base loaded in {want}, but this model's weights are "
-                         f"{frozen[0]}; load it with load_model(..., dtype={precision!r}) or pick the matching precision.")
 
 
 def format_results(r: dict) -> str:

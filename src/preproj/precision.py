@@ -65,8 +65,13 @@ def precision(name: str | Precision) -> Precision:
     raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {name!r}.{hint}")
 
 
-def precision_help() -> str:
-    return "; ".join(f"{p.name}: {p.help}" for p in PRECISIONS.values())
+def check_weights_dtype(model: torch.nn.Module, name: str | Precision) -> None:
+    """A precision word describes the weights too: refuse a model whose base was loaded in another dtype."""
+    p = precision(name)
+    frozen = [t.dtype for t in model.parameters() if not t.requires_grad] or [t.dtype for t in model.parameters()]
+    if frozen and frozen[0] != p.weights:
+        raise ValueError(f"precision {p.name!r} works on a base loaded in {p.weights}, but this model's weights are "
+                         f"{frozen[0]}; load it with load_model(..., dtype={p.name!r}) or pick the matching precision.")
 
 
 def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:

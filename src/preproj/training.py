@@ -29,7 +29,7 @@ from . import distributed as ddist
 from .adapter import atomic_write, write_json
 from .attach import skip_norms
 from .methods import TRAINED_METHODS, build_method, save_method
-from .precision import precision as as_precision, resolve_device, rng_state, set_rng_state
+from .precision import check_weights_dtype, precision as as_precision, resolve_device, rng_state, set_rng_state
 
 METHODS = TRAINED_METHODS
 
@@ -294,6 +294,7 @@ def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True) ->
     if model is None:
         model, tokenizer = load_model(args.model, dtype=precision.weights, device=device)
     else:
+        check_weights_dtype(model, precision)
         model.to(device)
     torch.manual_seed(args.seed)
     model = build_method(model, args.method, args.lora_rank, precision)
