@@ -42,7 +42,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from preproj import PreProjConfig, attach, load_model
-from preproj.adapter import write_json
+from preproj.files import write_json
 from preproj.inspection import kv_cache_bytes
 from preproj.loss import causal_lm_loss
 from preproj.methods import build_method

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -19,6 +18,7 @@ from . import __version__
 from .attach import adapter_state_dict, attach, detach
 from .families import decoder_layers, family_of, hidden_size
 from .config import PreProjConfig
+from .files import atomic_write, write_json
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -27,27 +27,6 @@ PEFT_TYPE = "PREPROJ"
 
 class AdapterError(ValueError):
     """An adapter directory that cannot be loaded onto the given model."""
-
-
-def atomic_write(path: Path, write) -> None:
-    """Write via a temporary file in the same directory and rename: readers never see half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the mode a plain open() would
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json(path: str | os.PathLike, data) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2) + "\n"))
 
 
 def _base_description(model: nn.Module) -> dict:

@@ -8,7 +8,33 @@ import sys
 import time
 from pathlib import Path
 
-from .adapter import write_json
+from .files import write_json
+from .validation import BOUNDS
+
+
+class UsageError(Exception):
+    """A command line that does not parse; the message is one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        # One line that names the problem, instead of argparse's usage block followed by the error.
+        raise UsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
+
+
+def _typed(name: str, kind):
+    """An argparse type that converts with `kind` and checks the value against validation.BOUNDS."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        bound = BOUNDS.get(name)
+        if bound is not None and not bound.holds(value):
+            raise argparse.ArgumentTypeError(f"must be {bound.describe()}, got {text}")
+        return value
+
+    return parse if kind in (int, float) else kind
 
 
 def _add_dataclass_args(parser: argparse.ArgumentParser, cls) -> None:
@@ -21,7 +47,7 @@ def _add_dataclass_args(parser: argparse.ArgumentParser, cls) -> None:
             parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
             continue
         kind = {"int | None": int, "str | None": str, "float | None": float}.get(str(f.type), type(f.default))
-        parser.add_argument(flag, type=kind, default=f.default, help=help_text)
+        parser.add_argument(flag, type=_typed(f.name, kind), default=f.default, help=help_text)
 
 
 def _args(ns: argparse.Namespace, cls):
@@ -178,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .inspection import InspectArgs
     from .training import TrainArgs
 
-    parser = argparse.ArgumentParser(prog="preproj", description=__doc__)
+    parser = _Parser(prog="preproj", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("inspect", help="Where the modules sit, parameters added, K/V cache cost, greedy samples.")
     _add_dataclass_args(p, InspectArgs)
@@ -201,9 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m", help="Embedded name, hub id or local directory.")
     p.add_argument("--adapter", default=None, help="Directory of a saved adapter to load onto the model.")
     p.add_argument("--tasks", required=True, help="Comma-separated lm-eval task names.")
-    p.add_argument("--limit", type=int, default=None, help="First N items of each task.")
-    p.add_argument("--num-fewshot", type=int, default=None, help="Few-shot examples (task default if omitted).")
-    p.add_argument("--batch-size", type=int, default=8, help="lm-eval batch size.")
+    p.add_argument("--limit", type=_typed("limit", int), default=None, help="First N items of each task.")
+    p.add_argument("--num-fewshot", type=_typed("num_fewshot", int), default=None,
+                   help="Few-shot examples (task default if omitted).")
+    p.add_argument("--batch-size", type=_typed("batch_size", int), default=8, help="lm-eval batch size.")
     p.add_argument("--include-path", default=None, help="Directory of extra lm-eval task YAMLs.")
     p.add_argument("--out", default=None, help="Write the harness results as JSON to this path.")
     p.set_defaults(run=_harness)
@@ -211,17 +238,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; bad input and expected failures print one line and return 2, never a traceback."""
     from .adapter import AdapterError
     from .data import DataNotFound
+    from .files import RunInUse, WriteFailed
     from .loading import ModelLoadError
-    from .training import TrainingDiverged
+    from .training import CheckpointError, TrainingDiverged, TrainingInterrupted
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    ns = build_parser().parse_args(argv)
+    try:
+        ns = build_parser().parse_args(argv)
+    except UsageError as e:
+        print(e, file=sys.stderr)
+        return 2
     ns.argv = argv
     try:
         return ns.run(ns)
-    except (ModelLoadError, AdapterError, DataNotFound, TrainingDiverged, ValueError) as e:
+    except TrainingInterrupted as e:
+        print(f"preproj {ns.command}: {e}", file=sys.stderr)
+        return 128 + e.signal
+    except (ModelLoadError, AdapterError, DataNotFound, TrainingDiverged, CheckpointError, RunInUse, WriteFailed,
+            ValueError) as e:
         print(f"preproj {ns.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -16,11 +16,12 @@ from pathlib import Path
 import numpy as np
 
 from . import distributed as ddist
-from .adapter import write_json
+from .files import write_json
 from .evaluation import evaluate
 from .methods import METHODS
 from .precision import precision as as_precision, resolve_device
 from .training import TrainArgs, train
+from .validation import check_args
 
 ALL_METHODS = tuple(METHODS)
 
@@ -114,6 +115,7 @@ def _interval(values: list[float], stderr: float | None) -> float | None:
 def run_compare(args: CompareArgs, progress: bool = True) -> dict:
     from .loading import load_model
 
+    check_args(args)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in ALL_METHODS]
     if unknown or not methods:

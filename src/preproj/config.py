@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -11,6 +12,10 @@ import torch
 MODES = ("preproj", "skip", "preproj+skip")
 ACTIVATIONS = ("silu", "gelu", "relu")
 ADAPTER_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _finite_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -36,20 +41,22 @@ class PreProjConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
+        if not isinstance(self.mode, str) or self.mode not in MODES:
             raise ValueError(f"PreProjConfig.mode must be one of {MODES}, got {self.mode!r}.")
-        if self.activation not in ACTIVATIONS:
+        if not isinstance(self.activation, str) or self.activation not in ACTIVATIONS:
             raise ValueError(f"PreProjConfig.activation must be one of {ACTIVATIONS}, got {self.activation!r}.")
         if isinstance(self.adapter_dtype, torch.dtype):
             self.adapter_dtype = str(self.adapter_dtype).removeprefix("torch.")
-        if self.adapter_dtype not in ADAPTER_DTYPES:
+        if not isinstance(self.adapter_dtype, str) or self.adapter_dtype not in ADAPTER_DTYPES:
             raise ValueError(f"PreProjConfig.adapter_dtype must be one of {ADAPTER_DTYPES}, got {self.adapter_dtype!r}.")
-        if not self.expansion > 0:
-            raise ValueError(f"PreProjConfig.expansion must be positive, got {self.expansion!r}.")
-        if self.preproj_init_std < 0 or self.skip_init_std < 0:
-            raise ValueError("PreProjConfig init stds must be non-negative.")
+        if not _finite_number(self.expansion) or not self.expansion > 0:
+            raise ValueError(f"PreProjConfig.expansion must be a positive number, got {self.expansion!r}.")
+        for name in ("preproj_init_std", "skip_init_std"):
+            value = getattr(self, name)
+            if not _finite_number(value) or value < 0:
+                raise ValueError(f"PreProjConfig.{name} must be a non-negative number, got {value!r}.")
         if self.layers is not None:
-            if not all(isinstance(i, int) and not isinstance(i, bool) for i in self.layers):
+            if not isinstance(self.layers, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in self.layers):
                 raise ValueError(f"PreProjConfig.layers must be a list of layer indices, got {self.layers!r}.")
             self.layers = sorted(set(self.layers))
 

@@ -46,6 +46,9 @@ class DataNotFound(FileNotFoundError):
 def resolve_data_dir(explicit: str | os.PathLike | None = None) -> Path | None:
     """--data-dir, else $PREPROJ_DATA_DIR, else None (then the Hub is tried)."""
     value = explicit or os.environ.get(DATA_ENV)
+    if value and not Path(value).is_dir():
+        where = "--data-dir" if explicit else f"${DATA_ENV}"
+        raise DataNotFound(f"{where} {str(value)!r} is not a directory; point it at a folder laid out as ../shared/data.")
     return Path(value) if value else None
 
 

@@ -24,9 +24,10 @@ from tqdm.auto import tqdm
 
 from . import data as datasets
 from . import distributed as ddist
-from .adapter import write_json
+from .files import write_json
 from .loss import body_and_head
 from .precision import check_weights_dtype, precision as as_precision
+from .validation import check_value, check_within_context
 
 TASKS = ("lambada", "wikitext", "hellaswag", "arc_easy")
 EXTRA_TASKS = ("hellaswag_full",)
@@ -342,6 +343,9 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] = TASKS, *, pro
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}.")
     names = parse_tasks(tasks)
+    for name, value in (("limit", limit), ("max_length", max_length), ("batch_tokens", batch_tokens)):
+        check_value(name, value)
+    check_within_context("max_length", max_length, model_max_length(model, tokenizer))
     check_weights_dtype(model, precision)
     data_dir = datasets.resolve_data_dir(data_dir)
     score = LogLikelihood(model, tokenizer, max_length=max_length, batch_tokens=batch_tokens, precision=precision,

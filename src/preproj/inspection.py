@@ -13,6 +13,7 @@ from .families import FAMILIES, decoder_layers, family_of
 from .config import PreProjConfig
 from .loading import count_parameters
 from .precision import precision as as_precision
+from .validation import check_args
 
 
 @dataclass
@@ -61,6 +62,7 @@ def inspect_model(model: nn.Module, tokenizer, args: InspectArgs) -> dict:
     family = family_of(model)
     d, n_layers = model.config.hidden_size, len(decoder_layers(model))
     base_params = count_parameters(model)
+    check_args(args)
     p = as_precision(args.precision)
     config = PreProjConfig(mode=args.mode, adapter_dtype=p.adapter_dtype_name)
     torch.manual_seed(args.seed)

@@ -12,9 +12,14 @@ is weighted by its share of the global batch's targets, and rank 0 alone writes 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import shlex
 import shutil
+import signal
+import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,9 +31,10 @@ from tqdm.auto import tqdm
 
 from . import data as datasets
 from . import distributed as ddist
-from .adapter import atomic_write, write_json
+from .files import RunInUse, RunLock, atomic_write, write_json
 from .attach import skip_norms
 from .methods import TRAINED_METHODS, build_method, save_method
+from .validation import check_args, check_within_context
 from .precision import check_weights_dtype, precision as as_precision, resolve_device, rng_state, set_rng_state
 
 METHODS = TRAINED_METHODS
@@ -100,6 +106,10 @@ class TrainArgs:
 
 class TrainingDiverged(RuntimeError):
     """A NaN or inf loss; the last good checkpoint is left in place."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be resumed from: unreadable, or written by another run."""
 
 
 def lr_at(step: int, args: TrainArgs) -> float:
@@ -197,16 +207,19 @@ def checkpoint_exists(path: Path) -> bool:
 
 def load_checkpoint(path: Path, wrapped: nn.Module, optimizer, device: torch.device) -> tuple[int, list[dict]]:
     if ddist.is_sharded(wrapped) != (path / "meta.pt").is_file():
-        raise RuntimeError(f"Checkpoint {path} was written with another --strategy; resume with the same strategy.")
+        raise CheckpointError(f"Checkpoint {path} was written with another --strategy; resume with the same strategy.")
     if ddist.is_sharded(wrapped):
         return _load_sharded(path, wrapped, optimizer, device)
     try:
         state = torch.load(path / "state.pt", weights_only=True, map_location=device)
     except Exception as e:
-        raise RuntimeError(f"Checkpoint {path / 'state.pt'} could not be read ({e}); delete it to start over.") from None
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"Checkpoint {path / 'state.pt'} could not be read ({reason}); delete {path} to start "
+                              "over.") from None
     params = _trainable(ddist.unwrap(wrapped))
-    if set(state["params"]) != set(params):
-        raise RuntimeError(f"Checkpoint {path} was written for another method or model; use a new --out or drop --resume.")
+    if not isinstance(state, dict) or set(state.get("params", {})) != set(params):
+        raise CheckpointError(f"Checkpoint {path} was written for another method or model; use a new --out or drop "
+                              "--resume.")
     with torch.no_grad():
         for n, p in params.items():
             p.copy_(state["params"][n])
@@ -260,6 +273,7 @@ def heldout_loss(wrapped: nn.Module, ids: torch.Tensor, labels: torch.Tensor, ar
 
 
 def _check_args(args: TrainArgs) -> None:
+    check_args(args)
     as_precision(args.precision)
     if args.method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {args.method!r}.")
@@ -267,35 +281,41 @@ def _check_args(args: TrainArgs) -> None:
         raise ValueError(f"attn_implementation must be 'sdpa' or 'eager', got {args.attn_implementation!r}.")
     if args.strategy not in ddist.STRATEGIES:
         raise ValueError(f"strategy must be one of {', '.join(ddist.STRATEGIES)}, got {args.strategy!r}.")
-    if args.steps < 1 or args.batch_size < 1 or args.grad_accum < 1 or args.seq_len < 2:
-        raise ValueError("steps, batch_size and grad_accum must be >= 1 and seq_len >= 2.")
+    if args.packing not in ("pack", "lines"):
+        raise ValueError(f"packing must be 'pack' or 'lines', got {args.packing!r}.")
 
 
 def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True) -> tuple[dict, nn.Module]:
     """Run one frozen-probe training; returns (summary.json's contents, the trained model).
 
     Under torchrun every process calls this with the same arguments; the model returned is the
-    unwrapped one (for FSDP, still sharded)."""
-    from .loading import load_model
-
-    # --- setup: device, processes, model, data, optimizer, checkpoint ---
+    unwrapped one (for FSDP, still sharded). OUT is owned by this run while it lasts (a second run on
+    it is refused), and SIGINT or SIGTERM stop it after the current step with a checkpoint to resume."""
     _check_args(args)
-    precision = as_precision(args.precision)
     device = resolve_device(args.device)
     r = ddist.setup(device)
     out = Path(args.out)
-    ckpt = out / "checkpoint"
-    if out.exists() and (out / "train_log.jsonl").exists() and not args.resume:
-        raise ValueError(f"{out} already holds a run; pass --resume to continue it or choose another --out.")
-    if r.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-    wall_start = time.monotonic()
+    with _owned(out, r, device), _StopRequests() as stop:
+        if out.exists() and (out / "train_log.jsonl").exists() and not args.resume:
+            raise ValueError(f"{out} already holds a run; pass --resume to continue it or choose another --out.")
+        return _train(args, model, tokenizer, progress, device, r, stop)
 
+
+def _train(args: TrainArgs, model, tokenizer, progress: bool, device: torch.device, r: ddist.Ranks, stop) -> tuple[dict, nn.Module]:
+    from .evaluation import model_max_length
+    from .loading import load_model
+
+    # --- setup: model, method, data, optimizer, checkpoint ---
+    precision = as_precision(args.precision)
+    out = Path(args.out)
+    ckpt = out / "checkpoint"
+    wall_start = time.monotonic()
     if model is None:
         model, tokenizer = load_model(args.model, dtype=precision.weights, device=device)
     else:
         check_weights_dtype(model, precision)
         model.to(device)
+    check_within_context("seq_len", args.seq_len, model_max_length(model, tokenizer))
     torch.manual_seed(args.seed)
     model = build_method(model, args.method, args.lora_rank, precision)
     model.to(device)
@@ -381,8 +401,12 @@ def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True) ->
                 f.write(json.dumps(record) + "\n")
         bar.set_postfix(loss=f"{loss_sum:.3f}", tok_s=f"{record['tokens_per_second']:.0f}")
         bar.update(1)
-        if step % args.save_every == 0 or step == args.steps:
+        stopping = stop.requested(device)
+        if step % args.save_every == 0 or step == args.steps or stopping:
             save_checkpoint(ckpt, wrapped, optimizer, step, log, device)
+        if stopping and step < args.steps:
+            bar.close()
+            raise TrainingInterrupted(stopping, step, ckpt)
     bar.close()
 
     # --- summary: the adapter in its usual two files (unsharded), summary.json ---
@@ -411,6 +435,67 @@ def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True) ->
         write_json(out / "summary.json", summary)
     ddist.barrier()
     return summary, model
+
+
+@contextlib.contextmanager
+def _owned(out: Path, r: ddist.Ranks, device: torch.device):
+    """Rank 0 holds OUT's run lock for the whole run; every process learns whether it got it."""
+    lock, refused = RunLock(out, "preproj train"), None
+    if r.is_main:
+        try:
+            lock.__enter__()
+        except RunInUse as e:
+            refused = e
+    (failed,) = ddist.sum_across([float(refused is not None)], device)
+    if refused is not None:
+        raise refused
+    if failed:
+        raise RunInUse(f"{out} is in use by another run; wait for it to finish or choose another --out.")
+    try:
+        yield
+    finally:
+        lock.__exit__(None, None, None)
+
+
+class TrainingInterrupted(RuntimeError):
+    """SIGINT or SIGTERM stopped the run after a step; a checkpoint of that step is written."""
+
+    def __init__(self, signum: int, step: int, ckpt: Path):
+        self.signal = signum
+        again = shlex.join([*sys.argv, *([] if "--resume" in sys.argv else ["--resume"])])
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; the checkpoint of that step is "
+                         f"in {ckpt}. Continue with the same command and --resume: {again}")
+
+
+class _StopRequests:
+    """SIGINT and SIGTERM ask the loop to stop after the current step (a second one stops at once).
+
+    Only the main thread can take signals; elsewhere the loop runs without this."""
+
+    def __init__(self):
+        self.signum, self._previous = None, {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:
+            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping at once")
+        self.signum = signum
+
+    def requested(self, device: torch.device) -> int:
+        """The signal to stop for, agreed by every process (0: go on)."""
+        if not ddist.ranks().enabled:
+            return self.signum or 0
+        return max(ddist.gather_objects(self.signum or 0))
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        return False
 
 
 def _maybe_no_sync(wrapped: nn.Module, last_micro: bool):

@@ -1,0 +1,95 @@
+"""Files that are never half-written, and run directories that one process owns at a time."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+class WriteFailed(OSError):
+    """A file could not be written; the previous version of it, if any, is intact."""
+
+
+def atomic_write(path: Path, write) -> None:
+    """Write via a temporary file in the same directory and rename: readers never see half a file, and a
+    failed write (a full disk, a vanished directory) leaves the previous file as it was."""
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise WriteFailed(e.errno, f"Could not write {path}: {e.strerror or e}") from None
+    os.close(fd)
+    try:
+        write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the mode a plain open() would
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        kept = "the previous version is intact" if path.exists() else "nothing was written"
+        raise WriteFailed(e.errno, f"Could not write {path} ({e.strerror or e}); {kept}.") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | os.PathLike, data) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2) + "\n"))
+
+
+class RunInUse(RuntimeError):
+    """The run directory is owned by another live process."""
+
+
+class RunLock:
+    """Exclusive ownership of a run directory: DIR/.lock, held with flock for as long as this process runs.
+
+    The kernel drops the lock when its owner exits, however it exits, so a crashed run leaves nothing
+    stale behind and `--resume` just works. The file records the owner for the refusal message."""
+
+    def __init__(self, directory: str | os.PathLike, command: str):
+        self.path, self.command, self._fd = Path(directory) / ".lock", command, None
+
+    def __enter__(self) -> RunLock:
+        try:
+            import fcntl
+        except ImportError:  # no flock on this platform: runs are not protected from each other
+            return self
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise WriteFailed(e.errno, f"Cannot use {self.path.parent} as a run directory: {e.strerror or e}.") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise RunInUse(f"{self.path.parent} is in use by {self._owner()}; wait for that run to finish or choose "
+                           "another --out.") from None
+        owner = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command,
+                 "started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(owner).encode(), 0)
+        self._fd = fd
+        return self
+
+    def _owner(self) -> str:
+        try:
+            o = json.loads(self.path.read_text())
+            return f"{o['command']} (pid {o['pid']} on {o['host']}, started {o['started']})"
+        except (OSError, ValueError, KeyError):
+            return "another process"
+
+    def __exit__(self, *exc) -> bool:
+        if self._fd is not None:
+            os.close(self._fd)  # closing releases the flock; the file stays, harmless, for the next owner
+            self._fd = None
+        return False
