@@ -200,6 +200,16 @@ def test_a_second_owner_is_refused_with_the_owners_name(tmp_path):
         pass
 
 
+def test_compare_and_train_refuse_an_owned_directory(tmp_path):
+    from preproj.compare import CompareArgs, run_compare
+
+    with RunLock(tmp_path, "preproj compare"):
+        with pytest.raises(RunInUse, match="in use by preproj compare"):
+            run_compare(CompareArgs(methods="base", out=str(tmp_path), device="cpu"), progress=False)
+        with pytest.raises(RunInUse, match="in use by preproj compare"):
+            train(TrainArgs(out=str(tmp_path), device="cpu"), tiny_model("llama"), CharTokenizer(), progress=False)
+
+
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "preproj", *args]
 

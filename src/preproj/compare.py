@@ -130,9 +130,14 @@ def run_compare(args: CompareArgs, progress: bool = True) -> dict:
                          f"precision {precision.name} in {precision.weights}: pick two that load the base alike.")
     device = resolve_device(args.device)
     r = ddist.setup(device)
+    with ddist.owned(Path(args.out), "preproj compare", device):
+        return _compare(args, methods, preset, precision, eval_precision, device, r, progress)
+
+
+def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eval_precision, device, r, progress: bool) -> dict:
+    from .loading import load_model
+
     out = Path(args.out)
-    if r.is_main:
-        out.mkdir(parents=True, exist_ok=True)
     eval_cfg = preset["eval"]
     limits = {t: args.limit for t in ("lambada", "hellaswag", "arc_easy", "wikitext")} if args.limit else eval_cfg["limits"]
     start = time.monotonic()

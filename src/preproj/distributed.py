@@ -6,6 +6,7 @@ the single-process path stays plain. The backend follows the device: NCCL on CUD
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import dataclass
@@ -80,6 +81,29 @@ def gather_objects(obj) -> list:
 def barrier() -> None:
     if ranks().enabled:
         dist.barrier()
+
+
+@contextlib.contextmanager
+def owned(out, command: str, device: torch.device):
+    """Rank 0 holds the run directory's lock (files.RunLock) for the whole run; every process learns
+    whether it got it, so all of them stop when another run owns the directory."""
+    from .files import RunInUse, RunLock
+
+    r, lock, refused = ranks(), RunLock(out, command), None
+    if r.is_main:
+        try:
+            lock.__enter__()
+        except RunInUse as e:
+            refused = e
+    (failed,) = sum_across([float(refused is not None)], device)
+    if refused is not None:
+        raise refused
+    if failed:
+        raise RunInUse(f"{out} is in use by another run; wait for it to finish or choose another --out.")
+    try:
+        yield
+    finally:
+        lock.__exit__(None, None, None)
 
 
 def main_prints(r: Ranks) -> None:

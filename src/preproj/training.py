@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from . import data as datasets
 from . import distributed as ddist
-from .files import RunInUse, RunLock, atomic_write, write_json
+from .files import atomic_write, write_json
 from .attach import skip_norms
 from .methods import TRAINED_METHODS, build_method, save_method
 from .validation import check_args, check_within_context
@@ -295,7 +295,7 @@ def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True) ->
     device = resolve_device(args.device)
     r = ddist.setup(device)
     out = Path(args.out)
-    with _owned(out, r, device), _StopRequests() as stop:
+    with ddist.owned(out, "preproj train", device), _StopRequests() as stop:
         if out.exists() and (out / "train_log.jsonl").exists() and not args.resume:
             raise ValueError(f"{out} already holds a run; pass --resume to continue it or choose another --out.")
         return _train(args, model, tokenizer, progress, device, r, stop)
@@ -437,26 +437,6 @@ def _train(args: TrainArgs, model, tokenizer, progress: bool, device: torch.devi
     return summary, model
 
 
-@contextlib.contextmanager
-def _owned(out: Path, r: ddist.Ranks, device: torch.device):
-    """Rank 0 holds OUT's run lock for the whole run; every process learns whether it got it."""
-    lock, refused = RunLock(out, "preproj train"), None
-    if r.is_main:
-        try:
-            lock.__enter__()
-        except RunInUse as e:
-            refused = e
-    (failed,) = ddist.sum_across([float(refused is not None)], device)
-    if refused is not None:
-        raise refused
-    if failed:
-        raise RunInUse(f"{out} is in use by another run; wait for it to finish or choose another --out.")
-    try:
-        yield
-    finally:
-        lock.__exit__(None, None, None)
-
-
 class TrainingInterrupted(RuntimeError):
     """SIGINT or SIGTERM stopped the run after a step; a checkpoint of that step is written."""
 
@@ -500,8 +480,6 @@ class _StopRequests:
 
 def _maybe_no_sync(wrapped: nn.Module, last_micro: bool):
     """DDP all-reduces gradients on the last micro-batch of a step only."""
-    import contextlib
-
     if last_micro or not hasattr(wrapped, "no_sync"):
         return contextlib.nullcontext()
     return wrapped.no_sync()
