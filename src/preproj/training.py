@@ -401,7 +401,7 @@ def _train(args: TrainArgs, model, tokenizer, progress: bool, device: torch.devi
                 f.write(json.dumps(record) + "\n")
         bar.set_postfix(loss=f"{loss_sum:.3f}", tok_s=f"{record['tokens_per_second']:.0f}")
         bar.update(1)
-        stopping = stop.requested(device)
+        stopping = stop.requested()
         if step % args.save_every == 0 or step == args.steps or stopping:
             save_checkpoint(ckpt, wrapped, optimizer, step, log, device)
         if stopping and step < args.steps:
@@ -466,7 +466,7 @@ class _StopRequests:
             raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping at once")
         self.signum = signum
 
-    def requested(self, device: torch.device) -> int:
+    def requested(self) -> int:
         """The signal to stop for, agreed by every process (0: go on)."""
         if not ddist.ranks().enabled:
             return self.signum or 0
