@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import CharTokenizer, tiny_model
 from torch.overrides import TorchFunctionMode
 
 import preproj
 from preproj.evaluation import LogLikelihood
 from preproj.precision import PRECISIONS, precision, resolve_device
 from preproj.training import TrainArgs, train
-
-from conftest import CharTokenizer, tiny_model
 
 SRC = Path(preproj.__file__).resolve().parent
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run benchmarks/gpu_check.sh on one")

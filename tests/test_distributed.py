@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import data_dir, tiny_model_dir
 from safetensors.torch import load_file
 
 from preproj import load_adapter, load_model
 from preproj.cli import main
-
-from conftest import data_dir, tiny_model_dir
 
 LINES = [f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away {i * 7}" for i in range(300)]
 TRAIN = ["--data", "CORPUS", "--grad-accum", "2", "--seq-len", "32", "--lr", "1e-2", "--warmup", "2",
@@ -43,7 +42,8 @@ def preproj_cmd(*args: str, nproc: int = 2) -> list[str]:
 
 
 def run(cmd: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "TQDM_DISABLE": "1"})
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "TQDM_DISABLE": "1"},
+                          check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
 
@@ -149,7 +149,7 @@ def test_a_killed_rank_resumes_to_the_same_adapter_bitwise(setup, strategy):
             if victim:
                 os.kill(victim, signal.SIGKILL)
         time.sleep(0.01)
-    _, err = proc.communicate(timeout=120)
+    proc.communicate(timeout=120)
     assert victim is not None, "the run ended before rank 1 could be killed"
     assert proc.returncode != 0, "torchrun reported success although rank 1 was killed"
     steps_done = log_of(killed)[-1]["step"]
@@ -175,3 +175,16 @@ def test_distributed_eval_writes_the_single_process_json(setup, tmp_path):
     a, b = json.loads(one.read_text()), json.loads(two.read_text())
     assert a.pop("seconds").keys() == b.pop("seconds").keys()
     assert a == b and a["tasks"]["lambada"]["n"] == 7
+
+
+def test_fsdp_keeps_fp32_adapter_masters_on_a_bf16_base(setup):
+    """bf16-frozen under FSDP2: a bf16 base and float32 adapter masters share each layer's shard group."""
+    root, model, train = setup
+    out = root / "fsdp-bf16-frozen"
+    args = [a if a != "fp32" else "bf16-frozen" for a in train]
+    run(preproj_cmd("train", "--model", model, *args, "--steps", "4", "--batch-size", "2", "--strategy", "fsdp",
+                    "--method", "preproj+lora", "--out", str(out)))
+    assert {t.dtype for t in adapter_of(out).values()} == {torch.float32}
+    assert {t.dtype for t in load_file(out / "lora" / "adapter_model.safetensors").values()} == {torch.float32}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["precision"] == "bf16-frozen" and summary["final_heldout_loss"] < summary["initial_heldout_loss"]

@@ -19,15 +19,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from conftest import CharTokenizer, data_dir, input_ids, tiny_model, tiny_model_dir
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from preproj import AdapterError, PreProjConfig, attach, load_adapter, save_adapter
 from preproj.cli import main
 from preproj.files import RunInUse, RunLock, WriteFailed, atomic_write
 from preproj.training import TrainArgs, TrainingInterrupted, train
-
-from conftest import CharTokenizer, data_dir, input_ids, tiny_model, tiny_model_dir
 
 LINES = [f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away {i * 7}" for i in range(300)]
 
@@ -192,10 +192,10 @@ def test_adapter_of_another_family_is_refused(tmp_path):
 # --- a run directory belongs to one process ---------------------------------------------------------
 
 def test_a_second_owner_is_refused_with_the_owners_name(tmp_path):
-    with RunLock(tmp_path / "run", "preproj train"):
-        with pytest.raises(RunInUse, match=rf"in use by preproj train \(pid {os.getpid()} on .*, started"):
-            with RunLock(tmp_path / "run", "preproj train"):
-                pass
+    with RunLock(tmp_path / "run", "preproj train"), \
+            pytest.raises(RunInUse, match=rf"in use by preproj train \(pid {os.getpid()} on .*, started"), \
+            RunLock(tmp_path / "run", "preproj train"):
+        pass
     with RunLock(tmp_path / "run", "preproj train"):  # released on exit: the next owner gets it
         pass
 
@@ -232,7 +232,8 @@ def test_concurrent_runs_refused_and_sigterm_resumes_bitwise(env, tmp_path):
     while time.monotonic() < deadline and not ((run / "train_log.jsonl").is_file()
                                                and len((run / "train_log.jsonl").read_text().splitlines()) >= 3):
         time.sleep(0.05)
-    second = subprocess.run(_cli(*args, "--out", str(run)), capture_output=True, text=True, env=quiet, timeout=120)
+    second = subprocess.run(_cli(*args, "--out", str(run)), capture_output=True, text=True, env=quiet, timeout=120,
+                            check=False)
     assert second.returncode == 2
     assert f"is in use by preproj train (pid {first.pid}" in second.stderr and "Traceback" not in second.stderr
 
@@ -244,7 +245,7 @@ def test_concurrent_runs_refused_and_sigterm_resumes_bitwise(env, tmp_path):
     assert 0 < state["step"] < 400 and not (run / "summary.json").exists()
 
     resumed = subprocess.run(_cli(*args, "--out", str(run), "--resume"), capture_output=True, text=True, env=quiet,
-                             timeout=600)
+                             timeout=600, check=False)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     a, b = load_file(reference / "adapter_model.safetensors"), load_file(run / "adapter_model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)

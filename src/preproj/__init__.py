@@ -2,12 +2,12 @@
 
 __version__ = "0.1.0"
 
-from .config import PreProjConfig  # noqa: E402
+from .adapter import AdapterError, load_adapter, save_adapter  # noqa: E402
 from .attach import attach, detach, skip_norms, trainable_parameters  # noqa: E402
-from .families import supported_model_types  # noqa: E402
-from .adapter import AdapterError, save_adapter, load_adapter  # noqa: E402
-from .loading import load_model  # noqa: E402
+from .config import PreProjConfig  # noqa: E402
 from .evaluation import evaluate  # noqa: E402
+from .families import supported_model_types  # noqa: E402
+from .loading import load_model  # noqa: E402
 
 __all__ = [
     "PreProjConfig",

@@ -16,8 +16,8 @@ from torch import nn
 
 from . import __version__
 from .attach import adapter_state_dict, attach, detach
-from .families import decoder_layers, family_of, hidden_size
 from .config import PreProjConfig
+from .families import decoder_layers, family_of, hidden_size
 from .files import atomic_write, write_json
 
 CONFIG_NAME = "adapter_config.json"

@@ -93,7 +93,8 @@ def _load(model_name: str, adapter: str | None, precision: str = "fp32", device:
     from . import distributed as ddist
     from .adapter import load_adapter
     from .loading import load_model
-    from .precision import precision as as_precision, resolve_device
+    from .precision import precision as as_precision
+    from .precision import resolve_device
 
     p, device = as_precision(precision), resolve_device(device)
     ddist.main_prints(ddist.setup(device))

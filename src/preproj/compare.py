@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from . import distributed as ddist
-from .files import write_json
 from .evaluation import evaluate
+from .files import write_json
 from .methods import METHODS
-from .precision import precision as as_precision, resolve_device
+from .precision import precision as as_precision
+from .precision import resolve_device
 from .training import TrainArgs, train
 from .validation import check_args
 
@@ -113,7 +114,6 @@ def _interval(values: list[float], stderr: float | None) -> float | None:
 
 
 def run_compare(args: CompareArgs, progress: bool = True) -> dict:
-    from .loading import load_model
 
     check_args(args)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]

@@ -26,7 +26,8 @@ from . import data as datasets
 from . import distributed as ddist
 from .files import write_json
 from .loss import body_and_head
-from .precision import check_weights_dtype, precision as as_precision
+from .precision import check_weights_dtype
+from .precision import precision as as_precision
 from .validation import check_value, check_within_context
 
 TASKS = ("lambada", "wikitext", "hellaswag", "arc_easy")

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from .attach import adapted_layers, attach, trainable_parameters
-from .families import FAMILIES, decoder_layers, family_of
 from .config import PreProjConfig
+from .families import FAMILIES, decoder_layers, family_of
 from .loading import count_parameters
 from .precision import precision as as_precision
 from .validation import check_args

@@ -23,7 +23,8 @@ from .attach import attach
 from .baselines import attach_lora, matched_lora_rank
 from .config import PreProjConfig
 from .families import decoder_layers, hidden_size
-from .precision import Precision, precision as as_precision
+from .precision import Precision
+from .precision import precision as as_precision
 
 PAPER_LORA_RANK = 64  # pre-proj + LoRA r=64, PAPER.md §2
 

@@ -31,11 +31,12 @@ from tqdm.auto import tqdm
 
 from . import data as datasets
 from . import distributed as ddist
-from .files import atomic_write, write_json
 from .attach import skip_norms
+from .files import atomic_write, write_json
 from .methods import TRAINED_METHODS, build_method, save_method
+from .precision import check_weights_dtype, resolve_device, rng_state, set_rng_state
+from .precision import precision as as_precision
 from .validation import check_args, check_within_context
-from .precision import check_weights_dtype, precision as as_precision, resolve_device, rng_state, set_rng_state
 
 METHODS = TRAINED_METHODS
 
