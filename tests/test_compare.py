@@ -48,9 +48,18 @@ def test_compare_writes_table_results_and_plots(tmp_path, tiny_real_vocab_model,
     assert cell["n_items"] == 4 and cell["ci95"] is not None
     assert len(json.loads((out / "skip_norms.json").read_text())["ours"]["preproj+skip"]) == n
     assert (results["precision"], results["eval_precision"]) == ("bf16-mixed", "fp32")  # one each, for every method
+    # paired comparisons over the same items: every trained method against base, and against lora
+    keys = {(p["method"], p["reference"], p["metric"]) for p in results["paired"]}
+    for method, reference in (("preproj+skip", "base"), ("lora", "base"), ("preproj+skip", "lora")):
+        for metric in ("lambada.acc", "hellaswag.acc_norm", "arc_easy.acc", "wikitext.word_perplexity",
+                       "wikitext.heldout_loss"):
+            assert (method, reference, metric) in keys
+    for p in results["paired"]:
+        assert p["low"] <= p["effect"] <= p["high"] and p["items"] in (2, 4) and p["verdict"]
+    assert (out / "preproj+skip-seed42" / "items.lambada.jsonl").is_file()
     text = (out / "report.md").read_text()
     assert "training bf16-mixed, evaluation fp32" in text
-    assert "| preproj+skip | 0.01M |" in text and "Pythia-160M" in text and "## What agrees" in text
+    assert "| preproj+skip | 0.01M |" in text and "## Paired differences" in text and "Pythia-160M" in text and "## What agrees" in text
     # A second run reuses every finished (method, seed) instead of training again.
     again = run_compare(args, progress=False)
     assert again["methods"]["lora"]["metrics"] == report["methods"]["lora"]["metrics"]

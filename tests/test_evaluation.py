@@ -155,3 +155,40 @@ def test_paper_wikitext_rows_are_the_authors(smollm2):
     assert ours[0][0] == author[0] and ours[-1][0] == author[-1] and ours[-1][0].endswith("\n")
     old_rule = [line for line in datasets.wikitext_lines("valid", data_dir()) if len(line.strip()) > 50][:300]
     assert len(old_rule) > 1.5 * len(ours)  # what the protocol scored before: about twice the text
+
+
+@pytest.mark.integration
+def test_per_item_records_round_trip_and_give_the_metrics(tmp_path):
+    from preproj.evaluation import evaluate, read_items
+
+    assert data_dir() is not None, "../shared/data or $PREPROJ_DATA_DIR is needed"
+    model = tiny_model("llama")
+    out, items = tmp_path / "r.json", tmp_path / "r.items.jsonl"
+    report = evaluate(model, CharTokenizer(), ["lambada", "arc_easy", "hellaswag", "wikitext"], limit=3, max_length=128,
+                      data_dir=data_dir(), progress=False, out=out, items_out=items)
+    by_task = read_items(items)
+    assert report["items_file"] == str(items) and set(by_task) == {"lambada", "arc_easy", "hellaswag", "wikitext"}
+    for task, m in report["tasks"].items():
+        assert len(by_task[task]) == m["n"] == 3 and [r["index"] for r in by_task[task]] == [0, 1, 2]
+    assert np.mean([r["acc"] for r in by_task["lambada"]]) == report["tasks"]["lambada"]["acc"]
+    assert math.exp(-np.mean([r["ll"] for r in by_task["lambada"]])) == pytest.approx(report["tasks"]["lambada"]["perplexity"])
+    for task in ("arc_easy", "hellaswag"):
+        recs = by_task[task]
+        assert np.mean([r["acc_norm"] for r in recs]) == report["tasks"][task]["acc_norm"]
+        assert all(r["acc"] == float(np.argmax(r["lls"]) == r["gold"]) for r in recs)
+    docs = by_task["wikitext"]
+    ppl = math.exp(-sum(r["ll"] for r in docs) / sum(r["words"] for r in docs))
+    assert ppl == pytest.approx(report["tasks"]["wikitext"]["word_perplexity"], rel=1e-12)
+    assert sum(r["tokens"] for r in docs) == report["tasks"]["wikitext"]["tokens"]
+
+
+def test_paper_lambada_target_has_no_bos_for_tokenizers_that_add_one():
+    from preproj.evaluation import lambada_paper
+
+    from conftest import BosCharTokenizer
+
+    score = LogLikelihood(tiny_model("llama"), BosCharTokenizer(), progress=False)
+    items = []
+    lambada_paper(score, [{"text": "a b c word"}], items)
+    assert items[0]["tokens"] == len(" word")  # the BOS would make it 6, and the target unguessable
+    assert score.encode_special("ab")[0] == BosCharTokenizer.bos_token_id and score.encode("ab")[0] != 1

@@ -111,14 +111,17 @@ def _eval(ns: argparse.Namespace) -> int:
 
     args = _args(ns, EvalArgs)
     parse_tasks(args.tasks)  # fail on a typo before loading anything
+    if args.items and not args.out:
+        raise ValueError("--items writes next to --out; give --out too.")
+    items_out = str(Path(args.out).with_suffix("")) + ".items.jsonl" if args.items else None
     start = time.monotonic()
     model, tokenizer = _load(args.model, args.adapter, args.precision, args.device)
     results = evaluate(model, tokenizer, args.tasks, protocol=args.protocol, limit=args.limit, data_dir=args.data_dir,
                        max_length=args.max_length, batch_tokens=args.batch_tokens, precision=args.precision,
-                       model_name=args.model, adapter=args.adapter, out=args.out)
+                       model_name=args.model, adapter=args.adapter, out=args.out, items_out=items_out)
     print(format_results(results))
     if args.out:
-        print(f"wrote {args.out}")
+        print(f"wrote {args.out}" + (f" and {items_out}" if items_out else ""))
     headline = ", ".join(
         f"{task} {key} {m[key]:.4g}" for task, m in results["tasks"].items()
         for key in ("acc_norm" if "acc_norm" in m else "acc", "word_perplexity", "perplexity") if key in m

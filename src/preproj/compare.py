@@ -16,12 +16,13 @@ from pathlib import Path
 import numpy as np
 
 from . import distributed as ddist
-from .evaluation import evaluate
+from .evaluation import evaluate, read_items
 from .files import write_json
 from .methods import METHODS
 from .precision import precision as as_precision
 from .precision import resolve_device
 from .training import TrainArgs, train
+from .stats import accuracy, describe, paired_bootstrap, perplexity, ratio_of_sums, t_interval
 from .validation import check_args
 
 ALL_METHODS = tuple(METHODS)
@@ -46,7 +47,10 @@ COLUMNS = {
     "harness": [("lambada", "acc"), ("hellaswag", "acc_norm"), ("arc_easy", "acc"), ("wikitext", "word_perplexity")],
     "paper": [("lambada", "acc"), ("hellaswag", "acc"), ("arc_easy", "acc"), ("wikitext", "perplexity")],
 }
-HEADERS = ["LAMBADA acc", "HellaSwag acc_norm", "ARC-E acc", "WikiText PPL"]
+HEADERS = {  # each header names the metric its column shows
+    "harness": ["LAMBADA acc", "HellaSwag acc_norm", "ARC-E acc", "WikiText word PPL"],
+    "paper": ["LAMBADA acc", "HellaSwag acc", "ARC-E acc", "WikiText PPL"],
+}
 
 PRESETS = {
     # Sized for the embedded SmolLM2-135M on 2 CPU cores: the whole comparison in under 30 minutes.
@@ -108,8 +112,7 @@ class CompareArgs:
 def _interval(values: list[float], stderr: float | None) -> float | None:
     """Half-width of a 95% interval: over seeds (t) when there are several, else 1.96 x the metric's stderr."""
     if len(values) > 1:
-        t = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78}.get(len(values), 1.96)
-        return float(t * np.std(values, ddof=1) / math.sqrt(len(values)))
+        return t_interval(values)[1]
     return None if stderr is None or not math.isfinite(stderr) else 1.96 * stderr
 
 
@@ -166,9 +169,10 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
             tasks = {}
             for task, limit in ({t: limits.get(t) for t in ("lambada", "hellaswag", "arc_easy", "wikitext")}).items():
                 res = evaluate(model, tokenizer, [task], protocol=eval_cfg["protocol"], limit=limit, data_dir=args.data_dir,
-                               max_length=eval_cfg["max_length"], precision=eval_precision.name, progress=progress)
+                               max_length=eval_cfg["max_length"], precision=eval_precision.name, progress=progress,
+                               items_out=run_dir / f"items.{task}.jsonl")
                 tasks[task] = res["tasks"][task]
-            result = {"method": method, "seed": seed, "tasks": tasks,
+            result = {"method": method, "seed": seed, "tasks": tasks, "run_dir": run_dir.name,
                       "trainable_params": summary["trainable_params"] if summary else 0,
                       "train_tokens": summary["tokens_seen"] if summary else 0,
                       "train_seconds": train_seconds if summary else 0.0,
@@ -182,7 +186,8 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
                 f"{t} {m}={tasks[t][m]:.4g}" for t, m in COLUMNS[eval_cfg["protocol"]]), flush=True)
 
     report = summarise(runs, methods, args, eval_cfg["protocol"], limits, time.monotonic() - start)
-    report.update(precision=precision.name, eval_precision=eval_precision.name, device=str(device))
+    report.update(precision=precision.name, eval_precision=eval_precision.name, device=str(device),
+                  paired=paired_comparisons(runs, methods, eval_cfg["protocol"], out))
     if not r.is_main:
         return report
     write_json(out / "results.json", report)
@@ -192,6 +197,56 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
     plot_training_curves(runs, out / "training_curves.png")
     (out / "report.md").write_text(render_report(report))
     return report
+
+
+# (task, metric, per-item value, statistic, higher is better) compared pairwise, by protocol. Perplexities
+# and the held-out loss are ratios of sums over documents, so each document carries (nll, count).
+PAIRED = {
+    "harness": [
+        ("lambada", "acc", lambda r: r["acc"], accuracy, True),
+        ("hellaswag", "acc_norm", lambda r: r["acc_norm"], accuracy, True),
+        ("arc_easy", "acc", lambda r: r["acc"], accuracy, True),
+        ("wikitext", "word_perplexity", lambda r: (-r["ll"], r["words"]), perplexity, False),
+        ("wikitext", "heldout_loss", lambda r: (-r["ll"], r["tokens"]), ratio_of_sums, False),
+    ],
+    "paper": [
+        ("lambada", "acc", lambda r: r["acc"], accuracy, True),
+        ("hellaswag", "acc", lambda r: r["acc"], accuracy, True),
+        ("arc_easy", "acc", lambda r: r["acc"], accuracy, True),
+        ("wikitext", "perplexity", lambda r: (-r["ll"] / r["tokens"], 1.0), perplexity, False),
+    ],
+}
+
+
+def paired_comparisons(runs: list[dict], methods: list[str], protocol: str, out: Path) -> list[dict]:
+    """Every trained method against the base and against lora, metric by metric, paired over items
+    (and seeds): effect, 95% interval, verdict and the smallest detectable effect (stats.py)."""
+    def values(method: str, task: str, value_of) -> np.ndarray | None:
+        rows = []
+        for run in (r for r in runs if r["method"] == method):
+            path = out / run.get("run_dir", f"{method}-seed{run['seed']}") / f"items.{task}.jsonl"
+            if not path.is_file():
+                return None  # a run from before per-item records: no paired comparison for it
+            records = sorted(read_items(path)[task], key=lambda x: x["index"])
+            rows.append(([x["index"] for x in records], [value_of(x) for x in records]))
+        if not rows or any(idx != rows[0][0] for idx, _ in rows):
+            return None
+        return np.array([v for _, v in rows], dtype=np.float64)
+
+    pairs = [(m, ref) for ref in ("base", "lora") if ref in methods for m in methods if m not in ("base", ref)]
+    found = []
+    for method, reference in pairs:
+        for task, metric, value_of, statistic, higher in PAIRED[protocol]:
+            a, b = values(reference, task, value_of), values(method, task, value_of)
+            if a is None or b is None or a.shape[1:] != b.shape[1:]:
+                continue
+            p = paired_bootstrap(a, b, statistic, metric=f"{task}.{metric}", higher_is_better=higher)
+            found.append({"method": method, "reference": reference, **p.to_dict(), "text": describe(p, _digits(metric))})
+    return found
+
+
+def _digits(metric: str) -> int:
+    return 2 if "perplexity" in metric else 3
 
 
 def _read_log(run_dir: Path) -> list[dict]:
@@ -236,8 +291,8 @@ def render_report(report: dict) -> str:
              + f". Training: {json.dumps(report['train'])}. Precision, the same for every method: training "
              f"{report.get('precision', '?')}, evaluation {report.get('eval_precision', '?')}. Seeds per method: {report['seeds']}. "
              "Intervals are 95%: over seeds when there are several, else 1.96 x the metric's standard error.", "",
-             "| method | trainable params | " + " | ".join(HEADERS) + " | train tokens | train time | eval time |",
-             "|---" * (len(HEADERS) + 5) + "|"]
+             "| method | trainable params | " + " | ".join(HEADERS[protocol]) + " | train tokens | train time | eval time |",
+             "|---" * (len(HEADERS[protocol]) + 5) + "|"]
     for method, row in report["methods"].items():
         cells = [_fmt(row["metrics"][f"{t}.{m}"], "perplexity" in m) for t, m in COLUMNS[protocol]]
         params = f"{row['trainable_params'] / 1e6:.2f}M" if row["trainable_params"] else "–"
@@ -248,8 +303,34 @@ def render_report(report: dict) -> str:
     for model, rows in PAPER_TABLE.items():
         for method, (p, lam, hs, arc, ppl) in rows.items():
             lines.append(f"| {model} | {method} | {'–' if p is None else f'{p / 1e6:.1f}M'} | {lam:.3f} | {hs:.3f} | {arc:.3f} | {ppl} |")
+    if report.get("paired"):
+        lines += ["", "## Paired differences", "", paired_paragraph(report), ""]
+        metrics = list(dict.fromkeys(p["metric"] for p in report["paired"]))
+        lines += ["| method | against | " + " | ".join(metrics) + " |", "|---" * (len(metrics) + 2) + "|"]
+        for key in dict.fromkeys((p["method"], p["reference"]) for p in report["paired"]):
+            cells = {p["metric"]: p["text"] for p in report["paired"] if (p["method"], p["reference"]) == key}
+            lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells.get(m, "–") for m in metrics) + " |")
     lines += ["", "## What agrees and what does not", "", agreement_paragraph(report), ""]
     return "\n".join(lines)
+
+
+def paired_paragraph(report: dict) -> str:
+    """How to read the table, then what it says, written from the verdicts."""
+    paired = report["paired"]
+    seeds = report["seeds"]
+    how = ("Each cell is the paired difference (method minus the reference; for perplexity and held-out loss, "
+           "lower is better) with its 95% bootstrap interval over the same items"
+           + (" and over seeds" if seeds > 1 else ", conditional on one training seed per method")
+           + ". A difference is called better or worse only when its interval excludes zero; otherwise the cell "
+           "gives the smallest effect this run could have detected (80% power).")
+    called = [p for p in paired if p["verdict"] != "no detectable difference"]
+    if not called:
+        said = f" At this budget no method differs detectably from its reference on any of the {len(paired)} comparisons."
+    else:
+        said = " Detectable: " + "; ".join(f"{p['method']} vs {p['reference']} on {p['metric']}: {p['verdict']} "
+                                          f"({p['text'].split(':')[0]})" for p in called) + "."
+        said += f" The other {len(paired) - len(called)} comparisons show no detectable difference."
+    return how + said
 
 
 def agreement_paragraph(report: dict) -> str:
@@ -261,7 +342,7 @@ def agreement_paragraph(report: dict) -> str:
     said = []
     for method in [m for m in rows if m != "base" and m in paper]:
         parts = []
-        for (task, metric), header, k in zip(COLUMNS[protocol], HEADERS, range(1, 5)):
+        for (task, metric), header, k in zip(COLUMNS[protocol], HEADERS[protocol], range(1, 5)):
             ours = rows[method]["metrics"][f"{task}.{metric}"]
             base = rows["base"]["metrics"][f"{task}.{metric}"]
             delta = ours["mean"] - base["mean"]

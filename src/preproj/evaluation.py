@@ -11,6 +11,7 @@ logits is ever built.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -24,7 +25,7 @@ from tqdm.auto import tqdm
 
 from . import data as datasets
 from . import distributed as ddist
-from .files import write_json
+from .files import write_json, write_jsonl
 from .loss import body_and_head
 from .precision import check_weights_dtype
 from .precision import precision as as_precision
@@ -67,6 +68,9 @@ class EvalArgs:
     processes and gathered: the JSON is the one a single process writes."""
     out: str | None = None
     """Write the results as JSON to this path."""
+    items: bool = False
+    """Also write one record per item (log-likelihoods, correctness, token and byte counts) to OUT's name with
+    .items.jsonl, so that any two runs on the same items can be compared pairwise later."""
 
 
 # --- scoring -------------------------------------------------------------------------------------
@@ -88,6 +92,11 @@ class LogLikelihood:
         self.prefix_token_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
 
     def encode(self, text: str) -> list[int]:
+        """Token ids without special tokens, as the harness's HFLM encodes for causal models."""
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def encode_special(self, text: str) -> list[int]:
+        """Token ids as the tokenizer gives them by default (a BOS where it adds one): the paper's `tokenizer(text)`."""
         return self.tokenizer.encode(text)
 
     def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
@@ -207,7 +216,8 @@ def ratio_stderr(numerators, denominators) -> float:
 
 # --- tasks ---------------------------------------------------------------------------------------
 
-def _multiple_choice(score: LogLikelihood, docs: list[dict], context_of, choices_of, desc: str, mean_per_token: bool):
+def _multiple_choice(score: LogLikelihood, docs: list[dict], context_of, choices_of, desc: str, mean_per_token: bool,
+                     items: list | None = None):
     pairs, spans = [], []
     for doc in docs:
         ctx, choices = context_of(doc), choices_of(doc)
@@ -215,15 +225,19 @@ def _multiple_choice(score: LogLikelihood, docs: list[dict], context_of, choices
         pairs += [score.encode_pair(ctx, " " + c) if not mean_per_token else _paper_pair(score, ctx, " " + c) for c in choices]
     results = score(pairs, desc=desc)
     acc, acc_norm = [], []
-    for doc, (start, k) in zip(docs, spans):
+    for index, (doc, (start, k)) in enumerate(zip(docs, spans)):
         lls = np.array([results[start + j][0] for j in range(k)])
+        tokens = [len(pairs[start + j][1]) for j in range(k)]
+        record = {"index": index, "gold": int(doc["gold"]), "lls": lls.tolist(), "tokens": tokens}
         if mean_per_token:  # PAPER.md §2: mean log-prob per continuation token
-            lens = np.array([len(pairs[start + j][1]) for j in range(k)], dtype=np.float64)
-            acc.append(float(np.argmax(lls / lens) == doc["gold"]))
+            acc.append(float(np.argmax(lls / np.array(tokens, dtype=np.float64)) == doc["gold"]))
         else:  # harness: acc on the sum, acc_norm on the sum over the choice's length in characters
             lens = np.array([float(len(c)) for c in choices_of(doc)])
             acc.append(float(np.argmax(lls) == doc["gold"]))
             acc_norm.append(float(np.argmax(lls / lens) == doc["gold"]))
+            record.update(chars=lens.astype(int).tolist(), acc_norm=acc_norm[-1])
+        if items is not None:
+            items.append({**record, "acc": acc[-1]})
     out = {"acc": float(np.mean(acc)), "n": len(docs), "acc_stderr": mean_stderr(acc)}
     if acc_norm:
         out.update(acc_norm=float(np.mean(acc_norm)), acc_norm_stderr=mean_stderr(acc_norm))
@@ -232,42 +246,52 @@ def _multiple_choice(score: LogLikelihood, docs: list[dict], context_of, choices
 
 def _paper_pair(score: LogLikelihood, context: str, continuation: str) -> tuple[list[int], list[int]]:
     """The paper's split: tokenise context + continuation, score what follows the context's tokens."""
-    ctx = score.encode(context)
-    return ctx, score.encode(context + continuation)[len(ctx):]
+    ctx = score.encode_special(context)
+    return ctx, score.encode_special(context + continuation)[len(ctx):]
 
 
-def lambada_harness(score: LogLikelihood, docs: list[dict]) -> dict:
+def lambada_harness(score: LogLikelihood, docs: list[dict], items: list | None = None) -> dict:
     pairs = [score.encode_pair(" ".join(d["text"].split(" ")[:-1]), " " + d["text"].split(" ")[-1]) for d in docs]
     results = score(pairs, desc="lambada")
     lls, hits = [r[0] for r in results], [float(r[1]) for r in results]
+    if items is not None:
+        items += [{"index": i, "ll": ll, "acc": hit, "tokens": len(p[1])} for i, (ll, hit, p) in enumerate(zip(lls, hits, pairs))]
     ppl = math.exp(-np.mean(lls))
     return {"acc": float(np.mean(hits)), "perplexity": ppl, "n": len(docs), "acc_stderr": mean_stderr(hits),
             "perplexity_stderr": ppl * mean_stderr(lls)}
 
 
-def lambada_paper(score: LogLikelihood, docs: list[dict]) -> dict:
+def lambada_paper(score: LogLikelihood, docs: list[dict], items: list | None = None) -> dict:
     pairs = []
     for d in docs:
         words = d["text"].split(" ")
-        pairs.append((score.encode(" ".join(words[:-1])), score.encode(" " + words[-1])))
-    kept = [p for p in pairs if len(p[0]) + len(p[1]) <= PAPER_MAX_TOKENS]
-    hits = [float(r[1]) for r in score(kept, desc="lambada (paper)")]
+        # the target alone, without the BOS a tokenizer may add: it follows the context (PAPER.md §2)
+        pairs.append((score.encode_special(" ".join(words[:-1])), score.encode(" " + words[-1])))
+    kept = [i for i, p in enumerate(pairs) if len(p[0]) + len(p[1]) <= PAPER_MAX_TOKENS]
+    results = score([pairs[i] for i in kept], desc="lambada (paper)")
+    hits = [float(r[1]) for r in results]
+    if items is not None:
+        items += [{"index": i, "ll": r[0], "acc": hit, "tokens": len(pairs[i][1])} for i, r, hit in zip(kept, results, hits)]
     return {"acc": float(np.mean(hits)), "n": len(kept), "skipped_over_512_tokens": len(pairs) - len(kept),
             "acc_stderr": mean_stderr(hits)}
 
 
-def wikitext_harness(score: LogLikelihood, docs: list[dict]) -> dict:
+def wikitext_harness(score: LogLikelihood, docs: list[dict], items: list | None = None) -> dict:
     windows, owner = [], []
     for i, doc in enumerate(docs):
         for w in score.rolling_windows(score.encode(datasets.wikitext_detokenize(doc["page"]))):
             windows.append(w)
             owner.append(i)
     results = score(windows, desc="wikitext")
-    doc_ll = np.zeros(len(docs))
-    for i, (ll, _) in zip(owner, results):
+    doc_ll, doc_tokens = np.zeros(len(docs)), np.zeros(len(docs), dtype=np.int64)
+    for i, (ll, _), (_, cont) in zip(owner, results, windows):
         doc_ll[i] += ll
+        doc_tokens[i] += len(cont)
     words = np.array([len(re.split(r"\s+", d["page"])) for d in docs], dtype=np.float64)
     nbytes = np.array([len(d["page"].encode("utf-8")) for d in docs], dtype=np.float64)
+    if items is not None:
+        items += [{"index": i, "ll": float(doc_ll[i]), "tokens": int(doc_tokens[i]), "words": int(words[i]),
+                   "bytes": int(nbytes[i])} for i in range(len(docs))]
     per_word, per_byte = -doc_ll.sum() / words.sum(), -doc_ll.sum() / nbytes.sum()
     se_word, se_byte = ratio_stderr(-doc_ll, words), ratio_stderr(-doc_ll, nbytes)
     return {"word_perplexity": math.exp(per_word), "byte_perplexity": math.exp(per_byte),
@@ -289,40 +313,55 @@ def paper_wikitext_rows(rows: list[str], encode) -> list[tuple[str, list[int]]]:
     return picked
 
 
-def wikitext_paper(score: LogLikelihood, rows: list[str]) -> dict:
+def wikitext_paper(score: LogLikelihood, rows: list[str], items: list | None = None) -> dict:
     """PAPER.md §2: perplexity = exp(mean over the scored rows of each row's mean token loss), the loss
     of model(ids, labels=ids): every token after the first is predicted."""
-    pairs = [(ids[:1], ids[1:]) for _, ids in paper_wikitext_rows(rows, score.encode)]
+    pairs = [(ids[:1], ids[1:]) for _, ids in paper_wikitext_rows(rows, score.encode_special)]
     results = score(pairs, desc="wikitext (paper)")
     line_loss = [-ll / len(cont) for (ll, _), (_, cont) in zip(results, pairs)]
+    if items is not None:
+        items += [{"index": i, "ll": ll, "tokens": len(cont)} for i, ((ll, _), (_, cont)) in enumerate(zip(results, pairs))]
     ppl = math.exp(np.mean(line_loss))
     return {"perplexity": ppl, "n": len(pairs), "perplexity_stderr": ppl * mean_stderr(line_loss)}
 
 
-def run_task(score: LogLikelihood, task: str, protocol: str, limit: int | None, data_dir: Path | None) -> dict:
+def run_task(score: LogLikelihood, task: str, protocol: str, limit: int | None, data_dir: Path | None,
+             items: list | None = None) -> dict:
+    """The task's metrics; with `items`, also one record per item (appended) for paired comparisons."""
     if protocol == "paper" and limit is None:
         limit = PAPER_LIMIT
     take = (lambda items: items[:limit]) if limit is not None else (lambda items: items)
     if task == "lambada":
         docs = take(datasets.lambada(data_dir))
-        return lambada_harness(score, docs) if protocol == "harness" else lambada_paper(score, docs)
+        return lambada_harness(score, docs, items) if protocol == "harness" else lambada_paper(score, docs, items)
     if task == "wikitext":
         if protocol == "harness":
-            return wikitext_harness(score, take(datasets.wikitext_documents(data_dir)))
-        return wikitext_paper(score, datasets.wikitext_rows("valid", data_dir))
+            return wikitext_harness(score, take(datasets.wikitext_documents(data_dir)), items)
+        return wikitext_paper(score, datasets.wikitext_rows("valid", data_dir), items)
     if task in ("hellaswag", "hellaswag_full"):
         docs = take(datasets.hellaswag(data_dir, full=task == "hellaswag_full"))
         if protocol == "harness":
-            return _multiple_choice(score, docs, lambda d: d["query"], lambda d: d["choices"], task, False)
-        return _multiple_choice(score, docs, lambda d: d["raw_ctx"], lambda d: d["raw_endings"], task + " (paper)", True)
+            return _multiple_choice(score, docs, lambda d: d["query"], lambda d: d["choices"], task, False, items)
+        return _multiple_choice(score, docs, lambda d: d["raw_ctx"], lambda d: d["raw_endings"], task + " (paper)", True,
+                                items)
     if task == "arc_easy":
         if protocol == "harness":
             docs = take(datasets.arc_easy(data_dir, "test"))
             return _multiple_choice(score, docs, lambda d: f"Question: {d['question']}\nAnswer:", lambda d: d["choices"],
-                                    "arc_easy", False)
+                                    "arc_easy", False, items)
         docs = take(datasets.arc_easy(data_dir, "validation"))
-        return _multiple_choice(score, docs, lambda d: d["question"], lambda d: d["choices"], "arc_easy (paper)", True)
+        return _multiple_choice(score, docs, lambda d: d["question"], lambda d: d["choices"], "arc_easy (paper)", True,
+                                items)
     raise ValueError(f"Unknown task {task!r}; choose from {', '.join(TASKS + EXTRA_TASKS)}.")
+
+
+def read_items(path: str | Path) -> dict[str, list[dict]]:
+    """{task: [record, ...]} from a file that `evaluate(..., items_out=...)` wrote."""
+    by_task: dict[str, list[dict]] = {}
+    for line in Path(path).read_text().splitlines():
+        record = json.loads(line)
+        by_task.setdefault(record.pop("task"), []).append(record)
+    return by_task
 
 
 def parse_tasks(tasks: str | list[str]) -> list[str]:
@@ -336,11 +375,13 @@ def parse_tasks(tasks: str | list[str]) -> list[str]:
 def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] = TASKS, *, protocol: str = "harness",
              limit: int | None = None, data_dir: str | Path | None = None, max_length: int | None = None,
              batch_tokens: int = 1024, precision: str = "fp32", progress: bool = True,
-             model_name: str | None = None, adapter: str | None = None, out: str | Path | None = None) -> dict:
+             model_name: str | None = None, adapter: str | None = None, out: str | Path | None = None,
+             items_out: str | Path | None = None) -> dict:
     """Evaluate `model` (adapted or not) and return the results dict that `preproj eval` writes.
 
     With `out`, the JSON is rewritten (atomically) after every task, so a long run that is stopped
-    keeps what it finished."""
+    keeps what it finished. With `items_out`, a JSON Lines file gets one record per item of every task
+    (its log-likelihoods, correctness, token and byte counts), for paired comparisons later."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}.")
     names = parse_tasks(tasks)
@@ -364,10 +405,15 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] = TASKS, *, pro
     }
     was_training = model.training
     model.eval()
+    records = []
+    if items_out:
+        report["items_file"] = str(items_out)
     try:
         for task in names:
             start = time.monotonic()
-            report["tasks"][task] = run_task(score, task, protocol, limit, data_dir)
+            items = []
+            report["tasks"][task] = run_task(score, task, protocol, limit, data_dir, items)
+            records += [{"task": task, **item} for item in items]
             report["seconds"][task] = round(time.monotonic() - start, 2)
             if task == "hellaswag_full":
                 report["notes"].append(datasets.HELLASWAG_FULL_NOTE)
@@ -375,8 +421,11 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] = TASKS, *, pro
                 report["notes"].append("The local HellaSwag file is a shuffled 1000-record subset, so the paper "
                                        "protocol's 'first 500' are not the paper's items; hellaswag_full keeps the "
                                        "original order.")
-            if out and ddist.ranks().is_main:
-                write_json(out, report)
+            if ddist.ranks().is_main:
+                if items_out:
+                    write_jsonl(items_out, records)
+                if out:
+                    write_json(out, report)
     finally:
         model.train(was_training)
     return report

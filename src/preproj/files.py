@@ -45,6 +45,12 @@ def write_json(path: str | os.PathLike, data) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2) + "\n"))
 
 
+def write_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: Path(tmp).write_text("".join(json.dumps(r) + "\n" for r in records)))
+
+
 class RunInUse(RuntimeError):
     """The run directory is owned by another live process."""
 

@@ -1,0 +1,83 @@
+"""The paired statistics on synthetic data with known answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from preproj.stats import accuracy, describe, paired_bootstrap, perplexity, t_interval
+
+
+def planted(rng, n_items: int, delta: float):
+    """0/1 outcomes of two methods on the same items: item difficulty shared, B better by `delta` in expectation."""
+    p = rng.uniform(0.2, 0.7, n_items)
+    a = (rng.random(n_items) < p).astype(float)
+    b = (rng.random(n_items) < p + delta).astype(float)
+    return a[None], b[None]
+
+
+def test_the_interval_covers_a_planted_difference_at_about_its_nominal_rate():
+    rng, delta, hits, runs = np.random.default_rng(0), 0.05, 0, 200
+    for k in range(runs):
+        a, b = planted(rng, 400, delta)
+        p = paired_bootstrap(a, b, accuracy, n_boot=400, seed=k)
+        hits += p.low <= delta <= p.high
+    assert 0.90 <= hits / runs <= 0.99, hits / runs
+
+
+def test_a_large_planted_difference_is_detected_and_called_by_direction():
+    a, b = planted(np.random.default_rng(1), 2000, 0.15)
+    better = paired_bootstrap(a, b, accuracy, metric="acc")
+    assert better.verdict == "better" and better.low > 0 and better.effect == pytest.approx(b.mean() - a.mean())
+    worse_ppl = paired_bootstrap(np.stack([np.c_[np.full(50, 2.0), np.ones(50)]]),
+                                 np.stack([np.c_[np.full(50, 2.5) + np.random.default_rng(2).normal(0, .1, 50), np.ones(50)]]),
+                                 perplexity, higher_is_better=False)
+    assert worse_ppl.verdict == "worse" and worse_ppl.effect > 0
+
+
+def test_identical_runs_give_a_zero_difference():
+    a, _ = planted(np.random.default_rng(3), 300, 0.0)
+    p = paired_bootstrap(a, a.copy(), accuracy)
+    assert (p.effect, p.low, p.high, p.mde) == (0.0, 0.0, 0.0, 0.0) and p.verdict == "no detectable difference"
+    docs = np.random.default_rng(4).uniform(1, 5, (1, 40, 2))
+    q = paired_bootstrap(docs, docs.copy(), perplexity, higher_is_better=False)
+    assert q.effect == 0.0 and q.low == q.high == 0.0
+
+
+def test_no_difference_reports_the_smallest_detectable_effect():
+    a, b = planted(np.random.default_rng(5), 200, 0.0)
+    p = paired_bootstrap(a, b, accuracy)
+    assert p.verdict == "no detectable difference" and 0.03 < p.mde < 0.3
+    assert f"would detect ±{p.mde:.3f}" in describe(p)
+
+
+def test_seeds_and_items_combine_as_documented():
+    rng = np.random.default_rng(6)
+    base, _ = planted(rng, 500, 0.0)
+    outcomes = (rng.random((3, 500)) < 0.5).astype(float)
+    # The effect is the difference of the seed-averaged metrics.
+    p = paired_bootstrap(base, outcomes, accuracy)
+    assert p.effect == pytest.approx(outcomes.mean(axis=1).mean() - base.mean()) and p.seeds == (1, 3)
+    # Seed-to-seed variation widens the interval: three seeds that differ by a constant offset each
+    # versus the same three seeds without the offsets.
+    flip = np.zeros((3, 500))
+    flip[0, :40], flip[2, :40] = 1, -1  # seed 0 gets 40 items more right, seed 2 40 fewer
+    spread = np.clip(outcomes + flip, 0, 1)
+    narrow = paired_bootstrap(base, outcomes, accuracy, seed=1)
+    wide = paired_bootstrap(base, spread, accuracy, seed=1)
+    assert (wide.high - wide.low) > 1.1 * (narrow.high - narrow.low)
+    # Seeds that are all the same give the single-seed interval (up to bootstrap noise).
+    same = paired_bootstrap(base, np.repeat(outcomes[:1], 3, axis=0), accuracy, seed=2)
+    single = paired_bootstrap(base, outcomes[:1], accuracy, seed=2)
+    assert same.effect == pytest.approx(single.effect)
+    assert (same.high - same.low) == pytest.approx(single.high - single.low, rel=0.15)
+
+
+def test_unpaired_items_are_refused():
+    with pytest.raises(ValueError, match="same items on both sides"):
+        paired_bootstrap(np.zeros((1, 10)), np.zeros((1, 11)), accuracy)
+
+
+def test_t_interval_over_seeds():
+    mean, half = t_interval([1.0, 2.0, 3.0])
+    assert mean == 2.0 and half == pytest.approx(4.302653 * 1.0 / np.sqrt(3), rel=1e-5)
