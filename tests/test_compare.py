@@ -82,3 +82,28 @@ def test_agreement_paragraph_reads_the_numbers():
     assert "LAMBADA +0.05 (paper +0.052: same direction)" in text
     assert "HellaSwag -0.01 (paper +0.012: opposite direction)" in text and "ARC-E +0 (paper -0.01: no change)" in text
     assert "base" in text and "preproj+skip < base" in text
+
+
+@pytest.mark.integration
+def test_learning_rates_are_swept_per_method_and_seeds_go_where_asked(tmp_path, tiny_real_vocab_model, monkeypatch):
+    assert data_dir() is not None, "../shared/data or $PREPROJ_DATA_DIR is needed"
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"line {i}: the quick brown fox jumps over the lazy dog and keeps running {i}" for i in range(400)))
+    small = {**compare.PRESETS["cpu"]["train"], "data": str(corpus), "seq_len": 32, "batch_size": 2, "eval_every": 2,
+             "save_every": 2, "warmup": 1}
+    monkeypatch.setitem(compare.PRESETS["cpu"], "train", small)
+    monkeypatch.setitem(compare.PRESETS["cpu"], "eval", {**compare.PRESETS["cpu"]["eval"], "max_length": 256})
+    args = CompareArgs(model=tiny_real_vocab_model, methods="base,skip,lora", steps=2, limit=3, seeds=2, seeded_methods="skip",
+                       lr_sweep="1e-4,3e-2", sweep_steps=2, data_dir=str(data_dir()), out=str(tmp_path / "cmp"))
+    report = run_compare(args, progress=False)
+    sweep = json.loads((tmp_path / "cmp" / "sweep" / "sweep.json").read_text())
+    for method in ("skip", "lora"):
+        losses = sweep["heldout_loss"][method]
+        assert set(losses) == {"0.0001", "0.03"}
+        assert sweep["chosen"][method] == float(min(losses, key=losses.get)) == report["methods"][method]["lr"]
+    assert report["methods"]["skip"]["seeds"] == [42, 43] and report["methods"]["lora"]["seeds"] == [42]
+    assert {p["seeds"][1] for p in report["paired"] if p["method"] == "skip" and p["reference"] == "base"} == {2}
+    assert "## Learning rates" in (tmp_path / "cmp" / "report.md").read_text()
+    with pytest.raises(ValueError, match="reported WikiText-2 test"):
+        monkeypatch.setitem(compare.PRESETS["cpu"], "train", {**small, "data": "wikitext2"})
+        run_compare(args, progress=False)

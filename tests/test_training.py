@@ -135,6 +135,21 @@ def test_pure_bf16_reports_erased_updates(tmp_path, corpus):
     summary, _ = train(args_for(tmp_path, corpus, precision="bf16-true", lr=1e-5, steps=3), tiny_model("llama", dtype=torch.bfloat16),
                        CharTokenizer(), progress=False)
     assert 0.0 < summary["bf16_erased_update_fraction"] <= 1.0
+    per_module = summary["bf16_erased_update_fraction_by_module"]
+    assert set(per_module) == {"W_up", "W_down", "W_skip"} and all(0.0 <= f <= 1.0 for f in per_module.values())
+
+
+def test_paper_lora_rank_is_the_authors_formula():
+    from preproj.methods import paper_lora_rank
+
+    import transformers
+
+    pythia_160m = transformers.GPTNeoXConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                             intermediate_size=64, vocab_size=16)
+    model = transformers.AutoModelForCausalLM.from_config(pythia_160m)
+    assert paper_lora_rank(model) == 480  # PAPER.md §2: r=480 at 160M, LoRA 26.5M parameters
+    peft_model = build_method(tiny_model("llama"), "lora", lora_rank="paper")
+    assert peft_model.peft_config["default"].r == int(1.25 * 64) // 2
 
 
 def test_cosine_schedule_with_warmup():

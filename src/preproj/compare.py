@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +64,17 @@ PRESETS = {
         "eval": dict(protocol="harness", limits={"lambada": 200, "hellaswag": 100, "arc_easy": 200, "wikitext": 2},
                      max_length=2048),
     },
+    # The CPU study (issue 10): clean splits (train on WikiText-2 train, pick learning rates on raw valid,
+    # report on raw test and the full evaluation sets), 262,144 training tokens per run, 3 seeds for the
+    # methods that matter most. Hours on 2 cores; every run and sweep point resumes where it stopped.
+    "study": {
+        "precision": "bf16-mixed",
+        "eval_precision": "bf16-mixed",
+        "train": dict(data="wikitext2-train", packing="pack", seq_len=256, batch_size=4, grad_accum=1, steps=256, lr=3e-4,
+                      warmup=16, eval_every=64, eval_batches=8, save_every=32),
+        "eval": dict(protocol="harness", limits={}, max_length=2048),
+        "lr_sweep": "1e-4,3e-4,1e-3", "sweep_steps": 64, "seeds": 3, "seeded_methods": "preproj+skip,lora,skip",
+    },
     # The paper's exact protocol (PAPER.md §2) on whatever device is present: 4 x 4 x 512 tokens per
     # step; several processes split the 4 sequences of each micro-batch between them.
     "paper": {
@@ -84,10 +95,18 @@ class CompareArgs:
     """Embedded name, Hugging Face hub id or local directory."""
     methods: str = ",".join(ALL_METHODS)
     """Comma-separated: base, lora, preproj, skip, preproj+skip, preproj+lora."""
-    seeds: int = 1
-    """Seeds per trained method (42, 43, ...); intervals are over seeds when > 1."""
+    seeds: int | None = None
+    """Seeds (42, 43, ...) per method of --seeded-methods; default: the preset's (cpu, paper: 1; study: 3)."""
+    seeded_methods: str | None = None
+    """Comma-separated methods that get --seeds seeds, the others one; default: the preset's (all trained methods)."""
     preset: str = "cpu"
-    """cpu (embedded model on 2 cores, < 30 min) or paper (PAPER.md §2, for a GPU)."""
+    """cpu (embedded model on 2 cores, < 30 min), study (the decisive CPU study: hours, resumable) or paper
+    (PAPER.md §2, for a GPU)."""
+    lr_sweep: str | None = None
+    """Comma-separated peak learning rates; each method trains at the one with the lowest held-out loss on the
+    training data's validation text after --sweep-steps. Default: the preset's (study: 1e-4,3e-4,1e-3); 'none': --lr."""
+    sweep_steps: int | None = None
+    """Training steps of each sweep run (default: the preset's, else a quarter of the training steps)."""
     steps: int | None = None
     """Override the preset's training steps."""
     limit: int | None = None
@@ -133,21 +152,32 @@ def run_compare(args: CompareArgs, progress: bool = True) -> dict:
                          f"precision {precision.name} in {precision.weights}: pick two that load the base alike.")
     device = resolve_device(args.device)
     r = ddist.setup(device)
+    lr_sweep = args.lr_sweep or preset.get("lr_sweep")
+    if lr_sweep == "none":
+        lr_sweep = None
+    if lr_sweep and preset["train"]["data"] == "wikitext2":
+        raise ValueError("--lr-sweep selects on the training data's held-out text, which for --data wikitext2 is the "
+                         "reported WikiText-2 test; use --preset study (WikiText-2 train, selection on raw valid).")
     with ddist.owned(Path(args.out), "preproj compare", device):
-        return _compare(args, methods, preset, precision, eval_precision, device, r, progress)
+        return _compare(args, methods, preset, precision, eval_precision, device, r, progress, lr_sweep)
 
 
-def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eval_precision, device, r, progress: bool) -> dict:
+def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eval_precision, device, r, progress: bool,
+             lr_sweep: str | None) -> dict:
     from .loading import load_model
 
     out = Path(args.out)
     eval_cfg = preset["eval"]
     limits = {t: args.limit for t in ("lambada", "hellaswag", "arc_easy", "wikitext")} if args.limit else eval_cfg["limits"]
     start = time.monotonic()
+    seeds = args.seeds or preset.get("seeds", 1)
+    seeded = (args.seeded_methods or preset.get("seeded_methods") or ",".join(methods)).split(",")
+    train_args = {**preset["train"], **{k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v}}
+    sweep = sweep_learning_rates(args, methods, train_args, lr_sweep, precision, device, progress) if lr_sweep else None
 
     runs = []  # one per (method, seed)
     for method in methods:
-        for seed in range(42, 42 + (1 if method == "base" else args.seeds)):
+        for seed in range(42, 42 + (seeds if method in seeded and method != "base" else 1)):
             run_dir = out / f"{method}-seed{seed}"
             done = run_dir / "result.json"
             if done.is_file():  # resumable: a finished (method, seed) is not redone
@@ -159,11 +189,10 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
             model, tokenizer = load_model(args.model, dtype=precision.weights, device=device)
             summary = None
             if method != "base":
+                lr = sweep["chosen"][method] if sweep else train_args["lr"]
                 targs = TrainArgs(model=args.model, method=method, out=str(run_dir), seed=seed, data_dir=args.data_dir,
                                   resume=True, precision=precision.name, device=str(device), strategy=args.strategy,
-                                  **preset["train"])
-                overrides = {k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v}
-                targs = replace(targs, **overrides)
+                                  **{**train_args, "lr": lr})
                 summary, model = train(targs, model, tokenizer, progress=progress)
             train_seconds = time.monotonic() - t0
             tasks = {}
@@ -173,6 +202,7 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
                                items_out=run_dir / f"items.{task}.jsonl")
                 tasks[task] = res["tasks"][task]
             result = {"method": method, "seed": seed, "tasks": tasks, "run_dir": run_dir.name,
+                      "lr": targs.lr if summary else None, "heldout_curve": _heldout_curve(run_dir) if summary else [],
                       "trainable_params": summary["trainable_params"] if summary else 0,
                       "train_tokens": summary["tokens_seen"] if summary else 0,
                       "train_seconds": train_seconds if summary else 0.0,
@@ -186,7 +216,8 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
                 f"{t} {m}={tasks[t][m]:.4g}" for t, m in COLUMNS[eval_cfg["protocol"]]), flush=True)
 
     report = summarise(runs, methods, args, eval_cfg["protocol"], limits, time.monotonic() - start)
-    report.update(precision=precision.name, eval_precision=eval_precision.name, device=str(device),
+    report["train"] = train_args
+    report.update(seeds=seeds, sweep=sweep, precision=precision.name, eval_precision=eval_precision.name, device=str(device),
                   paired=paired_comparisons(runs, methods, eval_cfg["protocol"], out))
     if not r.is_main:
         return report
@@ -249,6 +280,45 @@ def _digits(metric: str) -> int:
     return 2 if "perplexity" in metric else 3
 
 
+def sweep_learning_rates(args: CompareArgs, methods: list[str], train_args: dict, lr_sweep: str, precision, device,
+                         progress: bool) -> dict:
+    """Each trained method's peak learning rate: the candidate whose run (seed 42, --sweep-steps steps) ends
+    with the lowest held-out loss on the training data's validation text, never on the reported text."""
+    from .loading import load_model
+
+    out = Path(args.out) / "sweep"
+    try:
+        candidates = [float(x) for x in lr_sweep.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--lr-sweep must be comma-separated learning rates, got {lr_sweep!r}.") from None
+    if not candidates or any(not lr > 0 for lr in candidates):
+        raise ValueError(f"--lr-sweep needs learning rates > 0, got {lr_sweep!r}.")
+    steps = args.sweep_steps or PRESETS[args.preset].get("sweep_steps") or max(1, train_args["steps"] // 4)
+    loss: dict[str, dict[str, float]] = {}
+    for method in (m for m in methods if m != "base"):
+        for lr in candidates:
+            run_dir = out / f"{method}-lr{lr:g}"
+            if not (run_dir / "summary.json").is_file():
+                print(f"[compare] sweep {method} lr {lr:g} ({steps} steps) ...", flush=True)
+                model, tokenizer = load_model(args.model, dtype=precision.weights, device=device)
+                targs = TrainArgs(**{**train_args, "model": args.model, "method": method, "out": str(run_dir), "seed": 42,
+                                     "lr": lr, "steps": steps, "warmup": min(train_args["warmup"], steps // 4),
+                                     "eval_every": steps, "save_every": steps, "resume": True, "data_dir": args.data_dir,
+                                     "precision": precision.name, "device": str(device), "strategy": args.strategy})
+                train(targs, model, tokenizer, progress=progress)
+            loss.setdefault(method, {})[f"{lr:g}"] = json.loads((run_dir / "summary.json").read_text())["final_heldout_loss"]
+    chosen = {m: float(min(by_lr, key=by_lr.get)) for m, by_lr in loss.items()}
+    sweep = {"candidates": candidates, "steps": steps, "heldout_loss": loss, "chosen": chosen}
+    if ddist.ranks().is_main:
+        write_json(out / "sweep.json", sweep)
+    print("[compare] learning rates: " + ", ".join(f"{m} {lr:g}" for m, lr in chosen.items()), flush=True)
+    return sweep
+
+
+def _heldout_curve(run_dir: Path) -> list[tuple[int, float]]:
+    return [(x["step"], x["heldout_loss"]) for x in _read_log(run_dir) if "heldout_loss" in x]
+
+
 def _read_log(run_dir: Path) -> list[dict]:
     path = run_dir / "train_log.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
@@ -270,6 +340,7 @@ def summarise(runs: list[dict], methods: list[str], args: CompareArgs, protocol:
             "train_tokens": mine[0]["train_tokens"], "train_seconds": float(np.mean([r["train_seconds"] for r in mine])),
             "eval_seconds": float(np.mean([r["eval_seconds"] for r in mine])),
             "skip_norms": np.mean(norms, axis=0).tolist() if norms else None,
+            "lr": mine[0].get("lr"),
         }
     return {"model": args.model, "preset": args.preset, "protocol": protocol, "seeds": args.seeds,
             "eval_limits": limits, "train": {**PRESETS[args.preset]["train"], **{k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v}},
@@ -303,6 +374,16 @@ def render_report(report: dict) -> str:
     for model, rows in PAPER_TABLE.items():
         for method, (p, lam, hs, arc, ppl) in rows.items():
             lines.append(f"| {model} | {method} | {'–' if p is None else f'{p / 1e6:.1f}M'} | {lam:.3f} | {hs:.3f} | {arc:.3f} | {ppl} |")
+    sweep = report.get("sweep")
+    if sweep:
+        lrs = [f"{lr:g}" for lr in sweep["candidates"]]
+        lines += ["", "## Learning rates", "", f"Each method's peak learning rate is the candidate with the lowest "
+                  f"held-out loss after {sweep['steps']} steps (seed 42) on the training data's validation text, which "
+                  "is neither training text nor reported:", "",
+                  "| method | " + " | ".join(f"lr {lr}" for lr in lrs) + " | chosen |", "|---" * (len(lrs) + 2) + "|"]
+        for method, by_lr in sweep["heldout_loss"].items():
+            lines.append(f"| {method} | " + " | ".join(f"{by_lr[lr]:.4f}" for lr in lrs)
+                         + f" | {sweep['chosen'][method]:g} |")
     if report.get("paired"):
         lines += ["", "## Paired differences", "", paired_paragraph(report), ""]
         metrics = list(dict.fromkeys(p["metric"] for p in report["paired"]))

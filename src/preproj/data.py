@@ -234,6 +234,17 @@ def training_corpus(name: str, data_dir: Path | None = None, *, lines: int | Non
         train = wikitext_lines("valid", data_dir)
         held = wikitext_lines("test", data_dir)
         desc = "WikiText-2 raw valid (train) / raw test (held out): disjoint; the raw train split is not available offline"
+    elif name == "wikitext2-train":
+        path = _local("wikitext2_train_tokens", data_dir)
+        if path is None:
+            raise DataNotFound(f"wikitext2-train needs {LOCAL_FILES['wikitext2_train_tokens']} in the data directory.")
+        import lzma
+
+        with lzma.open(path, "rt", encoding="utf-8") as f:
+            train = f.read().split("\n")
+        held = wikitext_lines("valid", data_dir)
+        desc = ("WikiText-2 train, tokenized with <unk> for rare words (train) / raw valid (held out, for selection); "
+                "raw test stays unseen for reporting")
     elif name == "wikitext103":
         try:
             import datasets as hf
@@ -250,7 +261,8 @@ def training_corpus(name: str, data_dir: Path | None = None, *, lines: int | Non
                 raise DataNotFound("tinystories needs tinystories/tinystories_validation_head.txt in --data-dir.")
             path = data_dir / "tinystories/tinystories_validation_head.txt"
         if not path.is_file():
-            raise DataNotFound(f"--data {name!r} is neither a known corpus (wikitext2, wikitext103, tinystories) nor a file.")
+            raise DataNotFound(f"--data {name!r} is neither a known corpus (wikitext2, wikitext2-train, wikitext103, "
+                               "tinystories) nor a file.")
         all_lines = path.read_text(encoding="utf-8").split("\n")
         cut = int(len(all_lines) * 0.95)
         train, held = all_lines[:cut], all_lines[cut:]

@@ -52,7 +52,25 @@ def _build_base(model: nn.Module, precision: Precision, lora_rank: int | None) -
     return model.requires_grad_(False)
 
 
+def paper_lora_rank(model: nn.Module) -> int:
+    """The author's rank (07_benchmarks.py, PAPER.md §2): r = int(target / (L * 2 * d * 2)) with the
+    pre-projection-only count as target, which works out to floor(1.25 d) // 2 (480 for Pythia-160M)."""
+    layers, d = len(decoder_layers(model)), hidden_size(model)
+    return int(layers * PreProjConfig(mode="preproj").params_per_layer(d) / (layers * 2 * d * 2))
+
+
+def _rank(model: nn.Module, lora_rank: int | str | None) -> int | None:
+    if lora_rank is None or isinstance(lora_rank, int):
+        return lora_rank
+    if lora_rank == "paper":
+        return paper_lora_rank(model)
+    if str(lora_rank).isdigit() and int(lora_rank) >= 1:
+        return int(lora_rank)
+    raise ValueError(f"--lora-rank must be a positive integer or 'paper', got {lora_rank!r}.")
+
+
 def _build_lora(model: nn.Module, precision: Precision, lora_rank: int | None) -> nn.Module:
+    lora_rank = _rank(model, lora_rank)
     if lora_rank is None:
         target = len(decoder_layers(model)) * PreProjConfig().params_per_layer(hidden_size(model))
         lora_rank = matched_lora_rank(model, target)
@@ -61,6 +79,7 @@ def _build_lora(model: nn.Module, precision: Precision, lora_rank: int | None) -
 
 
 def _build_preproj_lora(model: nn.Module, precision: Precision, lora_rank: int | None) -> nn.Module:
+    lora_rank = _rank(model, lora_rank)
     attach(model, PreProjConfig(mode="preproj", adapter_dtype=precision.adapter_dtype_name))
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     peft_model = attach_lora(model, lora_rank or PAPER_LORA_RANK, precision.adapter)

@@ -52,7 +52,8 @@ class TrainArgs:
     out: str = "runs/preproj+skip"
     """Output directory: adapter, config, train_log.jsonl, summary.json, checkpoint/."""
     data: str = "wikitext2"
-    """wikitext2 (offline: raw valid, test held out), wikitext103 (Hub), tinystories, or a text file."""
+    """wikitext2 (offline: raw valid, test held out), wikitext2-train (the tokenized train split, raw valid held out),
+    wikitext103 (Hub), tinystories, or a text file."""
     data_dir: str | None = None
     """Directory laid out as ../shared/data; default $PREPROJ_DATA_DIR."""
     lines: int | None = None
@@ -93,8 +94,9 @@ class TrainArgs:
     """'sdpa' or 'eager' attention while training; default: the model's own (sdpa). Under bf16 autocast eager
     rounds attention scores to bf16, and its memory grows with the square of the sequence length;
     benchmarks/run.py times both on your machine."""
-    lora_rank: int | None = None
-    """LoRA rank for method 'lora'; default: matched to preproj+skip's trainable count within 1%."""
+    lora_rank: str | None = None
+    """LoRA rank: a number, 'paper' (the author's formula, floor(1.25 d) / 2: 480 for Pythia-160M) or unset (method
+    lora: matched to preproj+skip's trainable count within 1%; preproj+lora: 64)."""
     eval_every: int = 25
     """Held-out loss every N steps (and at the end)."""
     eval_batches: int = 4
@@ -282,6 +284,9 @@ def _check_args(args: TrainArgs) -> None:
         raise ValueError(f"attn_implementation must be 'sdpa' or 'eager', got {args.attn_implementation!r}.")
     if args.strategy not in ddist.STRATEGIES:
         raise ValueError(f"strategy must be one of {', '.join(ddist.STRATEGIES)}, got {args.strategy!r}.")
+    rank = "" if args.lora_rank is None else str(args.lora_rank)
+    if args.lora_rank is not None and rank != "paper" and not (rank.isdigit() and int(rank) >= 1):
+        raise ValueError(f"--lora-rank must be a positive integer or 'paper', got {args.lora_rank!r}.")
     if args.packing not in ("pack", "lines"):
         raise ValueError(f"packing must be 'pack' or 'lines', got {args.packing!r}.")
 
@@ -429,7 +434,7 @@ def _train(args: TrainArgs, model, tokenizer, progress: bool, device: torch.devi
         "data": data_desc,
     }
     if audit:
-        summary["bf16_erased_update_fraction"] = audit.fraction(device)
+        summary["bf16_erased_update_fraction"], summary["bf16_erased_update_fraction_by_module"] = audit.fractions(device)
     if device.type == "cuda":
         summary["peak_gpu_memory_bytes"] = torch.cuda.max_memory_allocated(device)
     if r.is_main:
@@ -486,12 +491,19 @@ def _maybe_no_sync(wrapped: nn.Module, last_micro: bool):
     return wrapped.no_sync()
 
 
+AUDITED_MODULES = (("preproj.up", "W_up"), ("preproj.down", "W_down"), ("skip", "W_skip"), ("lora_A", "LoRA A"),
+                   ("lora_B", "LoRA B"))
+
+
 class _Bf16Audit:
-    """The fraction of adapter updates that bf16 rounding erased (PAPER.md §5): entries whose gradient
-    was non-zero but whose stored value did not change in the optimizer step."""
+    """The fraction of adapter updates that bf16 rounding erased (PAPER.md §5), overall and per module
+    (W_up, W_down, W_skip, LoRA A, LoRA B): entries whose gradient was non-zero but whose stored value
+    did not change in the optimizer step."""
 
     def __init__(self, params: dict[str, torch.Tensor]):
-        self.params, self.erased, self.total, self._before = params, 0, 0, {}
+        self.params, self._before = params, {}
+        self.kind = {n: next((k for key, k in AUDITED_MODULES if f".{key}." in f".{n}"), "other") for n in params}
+        self.counts = {k: [0, 0] for k in dict.fromkeys(self.kind.values())}  # kind -> [erased, moved]
 
     def before(self) -> None:
         self._before = {n: ddist.local(p.detach()).clone() for n, p in self.params.items()}
@@ -501,9 +513,12 @@ class _Bf16Audit:
             if p.grad is None:
                 continue
             moved = ddist.local(p.grad) != 0
-            self.erased += int(((ddist.local(p.detach()) == self._before[n]) & moved).sum())
-            self.total += int(moved.sum())
+            self.counts[self.kind[n]][0] += int(((ddist.local(p.detach()) == self._before[n]) & moved).sum())
+            self.counts[self.kind[n]][1] += int(moved.sum())
 
-    def fraction(self, device: torch.device) -> float:
-        erased, total = ddist.sum_across([self.erased, self.total], device)
-        return erased / max(total, 1)
+    def fractions(self, device: torch.device) -> tuple[float, dict[str, float]]:
+        """(overall fraction, {module kind: fraction}), summed over every process."""
+        kinds = list(self.counts)
+        flat = ddist.sum_across([v for k in kinds for v in self.counts[k]], device)
+        per = {k: flat[2 * i] / max(flat[2 * i + 1], 1) for i, k in enumerate(kinds)}
+        return sum(flat[0::2]) / max(sum(flat[1::2]), 1), per

@@ -27,7 +27,7 @@ BOUNDS = {
     # training
     "steps": POSITIVE_COUNT, "batch_size": POSITIVE_COUNT, "grad_accum": POSITIVE_COUNT, "seq_len": Bound(2),
     "warmup": COUNT, "eval_every": POSITIVE_COUNT, "eval_batches": POSITIVE_COUNT, "save_every": POSITIVE_COUNT,
-    "nproc": POSITIVE_COUNT, "lines": POSITIVE_COUNT, "lora_rank": POSITIVE_COUNT, "seed": COUNT,
+    "nproc": POSITIVE_COUNT, "lines": POSITIVE_COUNT, "seed": COUNT,
     "lr": POSITIVE, "weight_decay": NON_NEGATIVE, "max_grad_norm": NON_NEGATIVE,
     # evaluation and comparison
     "limit": POSITIVE_COUNT, "max_length": Bound(2), "batch_tokens": POSITIVE_COUNT, "seeds": POSITIVE_COUNT,
