@@ -277,7 +277,7 @@ def paired_comparisons(runs: list[dict], methods: list[str], protocol: str, out:
 
 
 def _digits(metric: str) -> int:
-    return 2 if "perplexity" in metric else 3
+    return 2 if "perplexity" in metric else 4 if "loss" in metric else 3
 
 
 def sweep_learning_rates(args: CompareArgs, methods: list[str], train_args: dict, lr_sweep: str, precision, device,
