@@ -90,6 +90,7 @@ CASES = [
     ("eval-adapter-missing", lambda e: E(e, "--adapter", str(e["root"] / "nothing")), "No adapter_config.json"),
     ("eval-adapter-other-family", lambda e: E(e, "--adapter", str(e["root"] / "gpt2-adapter")), "model family mismatch"),
     ("eval-adapter-truncated", lambda e: E(e, "--adapter", str(e["root"] / "truncated-adapter")), "truncated or corrupt"),
+    ("eval-items-without-out", lambda e: E(e, "--items"), "--items writes next to --out; give --out too"),
     ("eval-data-dir-missing", lambda e: E(e, "--data-dir", str(e["root"] / "nothing")), "is not a directory"),
     ("train-steps-zero", lambda e: T(e, "--steps", "0"), "argument --steps: must be >= 1, got 0"),
     ("train-batch-zero", lambda e: T(e, "--batch-size", "0"), "argument --batch-size: must be >= 1"),
