@@ -188,3 +188,12 @@ def test_fsdp_keeps_fp32_adapter_masters_on_a_bf16_base(setup):
     assert {t.dtype for t in load_file(out / "lora" / "adapter_model.safetensors").values()} == {torch.float32}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["precision"] == "bf16-frozen" and summary["final_heldout_loss"] < summary["initial_heldout_loss"]
+
+
+def test_compare_refuses_fsdp_across_processes(monkeypatch, tmp_path):
+    from preproj import distributed
+    from preproj.compare import CompareArgs, run_compare
+
+    monkeypatch.setattr(distributed, "setup", lambda device: distributed.Ranks(0, 2, 0))
+    with pytest.raises(ValueError, match="use --strategy ddp"):
+        run_compare(CompareArgs(methods="base", strategy="fsdp", device="cpu", out=str(tmp_path)), progress=False)

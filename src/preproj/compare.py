@@ -152,6 +152,10 @@ def run_compare(args: CompareArgs, progress: bool = True) -> dict:
                          f"precision {precision.name} in {precision.weights}: pick two that load the base alike.")
     device = resolve_device(args.device)
     r = ddist.setup(device)
+    if args.strategy == "fsdp" and r.enabled:
+        raise ValueError("compare evaluates every method with the whole model on each process, which --strategy fsdp "
+                         "exists to avoid; use --strategy ddp, or train with `preproj train --strategy fsdp` and "
+                         "evaluate the saved adapter.")
     lr_sweep = args.lr_sweep or preset.get("lr_sweep")
     if lr_sweep == "none":
         lr_sweep = None
