@@ -33,8 +33,8 @@ PAPER_LORA_RANK = 64  # pre-proj + LoRA r=64, PAPER.md §2
 class Method:
     name: str
     help: str
-    build: Callable[[nn.Module, Precision, int | None], nn.Module]
-    """(base model, precision, LoRA rank or None) -> the model to train, base frozen."""
+    build: Callable[[nn.Module, Precision, int | str | None], nn.Module]
+    """(base model, precision, LoRA rank: a number, "paper" or None) -> the model to train, base frozen."""
     save: Callable[[nn.Module, Path], None]
     """(built model, directory) -> writes the method's files (safetensors + JSON)."""
     load: Callable[[nn.Module, Path], nn.Module] = load_adapter
@@ -42,13 +42,13 @@ class Method:
 
 
 def _preproj(mode: str):
-    def build(model: nn.Module, precision: Precision, lora_rank: int | None) -> nn.Module:
+    def build(model: nn.Module, precision: Precision, lora_rank: int | str | None) -> nn.Module:
         return attach(model, PreProjConfig(mode=mode, adapter_dtype=precision.adapter_dtype_name))
 
     return build
 
 
-def _build_base(model: nn.Module, precision: Precision, lora_rank: int | None) -> nn.Module:
+def _build_base(model: nn.Module, precision: Precision, lora_rank: int | str | None) -> nn.Module:
     return model.requires_grad_(False)
 
 
@@ -69,7 +69,7 @@ def _rank(model: nn.Module, lora_rank: int | str | None) -> int | None:
     raise ValueError(f"--lora-rank must be a positive integer or 'paper', got {lora_rank!r}.")
 
 
-def _build_lora(model: nn.Module, precision: Precision, lora_rank: int | None) -> nn.Module:
+def _build_lora(model: nn.Module, precision: Precision, lora_rank: int | str | None) -> nn.Module:
     lora_rank = _rank(model, lora_rank)
     if lora_rank is None:
         target = len(decoder_layers(model)) * PreProjConfig().params_per_layer(hidden_size(model))
@@ -78,7 +78,7 @@ def _build_lora(model: nn.Module, precision: Precision, lora_rank: int | None) -
     return attach_lora(model, lora_rank, precision.adapter)
 
 
-def _build_preproj_lora(model: nn.Module, precision: Precision, lora_rank: int | None) -> nn.Module:
+def _build_preproj_lora(model: nn.Module, precision: Precision, lora_rank: int | str | None) -> nn.Module:
     lora_rank = _rank(model, lora_rank)
     attach(model, PreProjConfig(mode="preproj", adapter_dtype=precision.adapter_dtype_name))
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
@@ -126,7 +126,7 @@ def method(name: str) -> Method:
     return METHODS[name]
 
 
-def build_method(model: nn.Module, name: str, lora_rank: int | None = None, precision: str | Precision = "fp32") -> nn.Module:
+def build_method(model: nn.Module, name: str, lora_rank: int | str | None = None, precision: str | Precision = "fp32") -> nn.Module:
     """Attach method `name` to `model`; returns the model to train (a PeftModel for the LoRA methods)."""
     return method(name).build(model, as_precision(precision), lora_rank)
 
