@@ -33,6 +33,29 @@ TINY_CONFIGS = {
         intermediate_size=96, max_position_embeddings=128,
     ),
     "gpt2": lambda: transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4, n_positions=128),
+    "qwen3": lambda: transformers.Qwen3Config(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, head_dim=16, max_position_embeddings=128,
+    ),
+    "phi3": lambda: transformers.Phi3Config(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    ),
+    "gemma": lambda: transformers.GemmaConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, head_dim=16, max_position_embeddings=128,
+    ),
+    "gptj": lambda: transformers.GPTJConfig(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128,
+                                            rotary_dim=8, bos_token_id=1, eos_token_id=2),
+    "opt": lambda: transformers.OPTConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
+        max_position_embeddings=128, word_embed_proj_dim=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    ),
+    "opt_postnorm": lambda: transformers.OPTConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
+        max_position_embeddings=128, word_embed_proj_dim=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        do_layer_norm_before=False,
+    ),
 }
 FAMILY_NAMES = sorted(TINY_CONFIGS)
 

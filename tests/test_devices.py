@@ -194,7 +194,7 @@ def test_cuda_training_matches_cpu_and_resumes_bitwise(tmp_path, name):
 
     def dies(*a, **k):
         calls["n"] += 1
-        if calls["n"] == 1 + 4 + 1 + 1:  # held-out, 4 steps, held-out at step 3, then step 5
+        if calls["n"] == 1 + 1 + 4 + 1 + 1:  # attach's structure check, held-out, 4 steps, held-out at step 3, step 5
             raise KeyboardInterrupt("killed")
         return forward(*a, **k)
 

@@ -62,7 +62,7 @@ def test_killed_run_resumes_to_the_same_adapter_bitwise(tmp_path, corpus):
 
     def killed_forward(*a, **k):
         calls["n"] += 1
-        if calls["n"] == 2 + 2 * 6 + 2 + 1:  # held-out (2 calls) + 6 steps x 2 micro + held-out at step 4 + 1: step 7
+        if calls["n"] == 1 + 2 + 2 * 6 + 2 + 1:  # structure check, held-out (2), 6 steps x 2 micro, held-out at 4, step 7
             raise KeyboardInterrupt("killed")
         return forward(*a, **k)
 
@@ -89,7 +89,7 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path, 
     def poisoned(*a, **k):
         calls["n"] += 1
         out = forward(*a, **k)
-        if calls["n"] > 2 + 2 * 4 + 2:  # held-out, 4 steps, held-out at step 4: poison step 5
+        if calls["n"] > 1 + 2 + 2 * 4 + 2:  # structure check, held-out, 4 steps, held-out at step 4: poison step 5
             out.last_hidden_state = out.last_hidden_state * float("nan")
         return out
 

@@ -29,13 +29,14 @@ class AdapterError(ValueError):
     """An adapter directory that cannot be loaded onto the given model."""
 
 
-def _base_description(model: nn.Module) -> dict:
+def _base_description(model: nn.Module, config: PreProjConfig | None = None) -> dict:
+    family = family_of(model, config)
     return {
         "base_model_name_or_path": getattr(model.config, "_name_or_path", None) or None,
         "model_type": model.config.model_type,
-        "family": family_of(model).name,
+        "family": family.name,
         "hidden_size": hidden_size(model),
-        "num_hidden_layers": len(decoder_layers(model)),
+        "num_hidden_layers": len(decoder_layers(model, family)),
     }
 
 
@@ -73,8 +74,11 @@ def read_adapter_config(directory: str | os.PathLike) -> dict:
     return meta
 
 
-def _check_compatible(meta: dict, model: nn.Module, directory) -> None:
-    have = _base_description(model)
+def _check_compatible(meta: dict, model: nn.Module, directory, config: PreProjConfig) -> None:
+    try:
+        have = _base_description(model, config)
+    except ValueError as e:  # a model of a family the adapter cannot be rebuilt on
+        raise AdapterError(f"Adapter in {directory} does not fit this model: {e}") from None
     for key, what in (("family", "model family"), ("hidden_size", "hidden size"), ("num_hidden_layers", "layer count")):
         if meta.get(key) != have[key]:
             raise AdapterError(
@@ -96,13 +100,13 @@ def load_adapter(model: nn.Module, directory: str | os.PathLike, dtype: torch.dt
     if _read_json(directory / CONFIG_NAME).get("peft_type") == "LORA":
         return _load_lora(model, directory, dtype)
     meta = read_adapter_config(directory)
-    _check_compatible(meta, model, directory)
     try:
         config = PreProjConfig.from_dict(meta["config"])
         if dtype is not None:
             config = PreProjConfig.from_dict({**config.to_dict(), "adapter_dtype": str(dtype).removeprefix("torch.")})
     except (TypeError, ValueError) as e:
         raise AdapterError(f"Invalid adapter config in {directory / CONFIG_NAME}: {e}") from None
+    _check_compatible(meta, model, directory, config)
 
     weights = directory / WEIGHTS_NAME
     if not weights.is_file():

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from .config import PreProjConfig
-from .families import decoder_layers, family_of, hidden_size
+from .families import check_structure, decoder_layers, family_of, hidden_size
 from .modules import PreProjAttention
 
 
@@ -26,7 +26,7 @@ def adapted_layers(model: nn.Module) -> list[tuple[int, PreProjAttention]]:
 
 
 def is_attached(model: nn.Module) -> bool:
-    return bool(adapted_layers(model))
+    return getattr(model, "preproj_config", None) is not None
 
 
 def attach(model: nn.Module, config: PreProjConfig | None = None) -> nn.Module:
@@ -35,10 +35,11 @@ def attach(model: nn.Module, config: PreProjConfig | None = None) -> nn.Module:
     Only the new parameters require grad afterwards. Returns `model`.
     """
     config = config or PreProjConfig()
-    family = family_of(model)
-    layers = decoder_layers(model)
     if is_attached(model):
         raise ValueError("This model already carries a preproj adapter; call preproj.detach(model) first.")
+    family = family_of(model, config)
+    layers = decoder_layers(model, family)
+    check_structure(model, family)
     indices = list(range(len(layers))) if config.layers is None else config.layers
     bad = [i for i in indices if not 0 <= i < len(layers)]
     if bad:

@@ -16,7 +16,11 @@ def _attention_projections(model: nn.Module) -> list[tuple[int, int]]:
     """(in_features, out_features) of every LoRA target in one decoder layer."""
     import re
 
-    pattern = re.compile(family_of(model).lora_targets)
+    targets = family_of(model).lora_targets
+    if not targets:
+        raise ValueError("No LoRA targets are known for this model's structure; the LoRA baselines need a family from "
+                         "the table.")
+    pattern = re.compile(targets)
     layer = decoder_layers(model)[0]
     shapes = []
     for name, module in layer.named_modules(prefix="x"):

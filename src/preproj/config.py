@@ -35,6 +35,13 @@ class PreProjConfig:
     layers: list[int] | None = field(
         default=None, metadata={"help": "Indices of the decoder layers to adapt; None adapts every layer."}
     )
+    structure: dict | None = field(
+        default=None,
+        metadata={"help": "For a decoder not in the family table: {'layers': dotted path to the ModuleList of decoder "
+                          "layers, 'attention': the layer's attention attribute, 'input_norm': the layer's "
+                          "attention-input norm attribute, or None where attention reads the layer's input}. attach "
+                          "checks on one forward pass that the attention receives exactly that input."},
+    )
     adapter_dtype: str = field(
         default="float32",
         metadata={"help": "Dtype of the adapter weights, kept in float32 by default even on a bf16 base (master weights)."},
@@ -55,6 +62,13 @@ class PreProjConfig:
             value = getattr(self, name)
             if not _finite_number(value) or value < 0:
                 raise ValueError(f"PreProjConfig.{name} must be a non-negative number, got {value!r}.")
+        if self.structure is not None:
+            keys = {"layers", "attention", "input_norm"}
+            if (not isinstance(self.structure, dict) or not {"layers", "attention"} <= set(self.structure) <= keys
+                    or not all(isinstance(self.structure[k], str) for k in ("layers", "attention"))
+                    or not isinstance(self.structure.get("input_norm"), (str, type(None)))):
+                raise ValueError("PreProjConfig.structure must be a dict with 'layers' and 'attention' (strings) and "
+                                 f"'input_norm' (a string or None), got {self.structure!r}.")
         if self.layers is not None:
             if not isinstance(self.layers, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in self.layers):
                 raise ValueError(f"PreProjConfig.layers must be a list of layer indices, got {self.layers!r}.")

@@ -24,7 +24,9 @@ def body_and_head(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
     head(body(x)); None for anything else, whose own forward must then be used."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT wrapper
     body, head = getattr(base, "base_model", base), base.get_output_embeddings()
-    plain = isinstance(head, nn.Linear) and head.bias is None
+    # logits = head(body(x)) exactly: a linear head without bias, and no logit soft-capping (Gemma-2)
+    plain = (isinstance(head, nn.Linear) and head.bias is None
+             and getattr(base.config, "final_logit_softcapping", None) is None)
     if base.config.model_type in supported_model_types() and body is not base and plain:
         return body, head
     return None
