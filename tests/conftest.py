@@ -45,6 +45,18 @@ TINY_CONFIGS = {
         vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=128, head_dim=16, max_position_embeddings=128,
     ),
+    "gemma2": lambda: transformers.Gemma2Config(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, head_dim=16, max_position_embeddings=128,
+    ),
+    "gemma3_text": lambda: transformers.Gemma3TextConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, head_dim=16, max_position_embeddings=128,
+    ),
+    "olmo2": lambda: transformers.Olmo2Config(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    ),
     "gptj": lambda: transformers.GPTJConfig(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128,
                                             rotary_dim=8, bos_token_id=1, eos_token_id=2),
     "opt": lambda: transformers.OPTConfig(

@@ -276,3 +276,39 @@ def test_a_decoder_outside_the_table_works_from_its_three_paths(tmp_path):
     assert torch.equal(logits(loaded, ids), logits(model, ids)) and not torch.equal(logits(loaded, ids), base)
     with pytest.raises(ValueError, match="does not receive the output of post_attention_layernorm"):
         attach(bloom(), PreProjConfig(structure={**structure, "input_norm": "post_attention_layernorm"}))
+
+
+@pytest.mark.parametrize("name", ["gemma2", "olmo2"])
+def test_the_skip_bypasses_the_attention_output_norm(name):
+    """Gemma-2/3 and OLMo-2 norm the attention output: the skip is added after that norm (families.py)."""
+    from preproj.families import decoder_layers, input_norm_of
+    from preproj.modules import SkipAfterNorm
+
+    model = tiny_model(name)
+    norm = decoder_layers(model)[0].post_attention_layernorm
+    attach(model, PreProjConfig(mode="skip"))
+    set_adapter(model, "random")
+    layer = decoder_layers(model)[0]
+    assert isinstance(layer.post_attention_layernorm, SkipAfterNorm) and layer.post_attention_layernorm.base_layer is norm
+    seen = {}
+
+    def keep(key):
+        def hook(module, args, out):
+            seen[key] = out
+        return hook
+
+    def keep_input(module, args, kwargs):
+        seen["x_hat"] = kwargs.get("hidden_states", args[0] if args else None)
+
+    if input_norm_of(model):
+        layer.input_layernorm.register_forward_hook(keep("x_hat"))
+    else:
+        layer.register_forward_pre_hook(keep_input, with_kwargs=True)
+    norm.register_forward_hook(keep("normed"))
+    layer.post_attention_layernorm.register_forward_hook(keep("with_skip"))
+    with torch.no_grad():
+        model(input_ids(batch=1, length=5))
+    skip = seen["x_hat"] @ layer.self_attn.skip.weight.T
+    torch.testing.assert_close(seen["with_skip"] - seen["normed"], skip, rtol=1e-5, atol=1e-6)
+    detach(model)
+    assert decoder_layers(model)[0].post_attention_layernorm is norm

@@ -12,7 +12,7 @@ from torch import nn
 
 from .config import PreProjConfig
 from .families import check_structure, decoder_layers, family_of, hidden_size
-from .modules import PreProjAttention
+from .modules import PreProjAttention, SkipAfterNorm
 
 
 def adapted_layers(model: nn.Module) -> list[tuple[int, PreProjAttention]]:
@@ -48,10 +48,14 @@ def attach(model: nn.Module, config: PreProjConfig | None = None) -> nn.Module:
     model._preproj_requires_grad = {n: p.requires_grad for n, p in model.named_parameters()}
     model.requires_grad_(False)
     d = hidden_size(model)
+    defer = family.skip_after is not None and config.use_skip
     for i in indices:
         attn = getattr(layers[i], family.attention)
         device = next(attn.parameters()).device
-        setattr(layers[i], family.attention, PreProjAttention(attn, d, config, device=device))
+        wrapper = PreProjAttention(attn, d, config, device=device, defer_skip=defer)
+        setattr(layers[i], family.attention, wrapper)
+        if defer:
+            setattr(layers[i], family.skip_after, SkipAfterNorm(getattr(layers[i], family.skip_after), wrapper))
     model.preproj_config = config
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is not None:
@@ -76,6 +80,9 @@ def detach(model: nn.Module) -> nn.Module:
     layers = decoder_layers(model)
     for i, wrapper in adapted_layers(model):
         setattr(layers[i], family.attention, wrapper.base_layer)
+        norm = getattr(layers[i], family.skip_after, None) if family.skip_after else None
+        if isinstance(norm, SkipAfterNorm):
+            setattr(layers[i], family.skip_after, norm.base_layer)
     flags = getattr(model, "_preproj_requires_grad", None)
     if flags is not None:
         for name, param in model.named_parameters():

@@ -28,13 +28,11 @@ class Family:
     pre_norm_flag: str | None = None
     """A config attribute that, when False, makes the block post-norm: attention then reads the un-normed
     residual stream (OPT's do_layer_norm_before)."""
+    skip_after: str | None = None
+    """The norm a block applies to its attention output before the residual add (Gemma-2/3, OLMo-2); the
+    content skip is added after it, so that it bypasses the attention branch as a whole."""
     decision: str = ""
     """Where the block is not plain pre-norm, what preproj does there and why."""
-
-
-# Not yet in the table, by decision rather than oversight: Gemma-2/3 and OLMo-2 norm the attention output
-# before the residual add (OLMo-2 has no attention-input norm at all). Whether the content skip should
-# join inside that norm or bypass it changes what the module is, so those families wait for that choice.
 
 
 _QKVO = r".*\.self_attn\.(base_layer\.)?(q_proj|k_proj|v_proj|o_proj)"
@@ -44,6 +42,15 @@ FAMILIES = (
     Family("llama", ("llama", "mistral", "qwen2", "qwen3", "gemma"), "model.layers", "self_attn", "input_layernorm", _QKVO),
     Family("phi3", ("phi3",), "model.layers", "self_attn", "input_layernorm",
            r".*\.self_attn\.(base_layer\.)?(qkv_proj|o_proj)"),
+    Family("gemma2", ("gemma2", "gemma3_text"), "model.layers", "self_attn", "input_layernorm", _QKVO,
+           skip_after="post_attention_layernorm",
+           decision="Gemma-2/3 norm the attention output before the residual add. The skip is added after that "
+                    "norm, x + Norm(attn(x̃)) + W_skip x̃: the paper's out = x + attention branch + W_skip x̃, a "
+                    "bypass of the whole branch. Inside the norm it would compete with the attention output for "
+                    "the norm's fixed scale, and the paper's init would no longer start near the base."),
+    Family("olmo2", ("olmo2",), "model.layers", "self_attn", None, _QKVO, skip_after="post_attention_layernorm",
+           decision="OLMo-2 has no attention-input norm (it norms after attention), so x̂ is the residual stream "
+                    "that attention reads, and the skip is added after the attention-output norm, as for Gemma-2."),
     # GPT-J is a parallel block (attention and MLP both read ln_1), where the skip on attention's output is exact.
     Family("gptj", ("gptj",), "transformer.h", "attn", "ln_1", r".*\.attn\.(base_layer\.)?(q_proj|k_proj|v_proj|out_proj)"),
     Family("opt", ("opt",), "model.decoder.layers", "self_attn", "self_attn_layer_norm",

@@ -10,7 +10,7 @@ from torch import nn
 
 from .attach import adapted_layers, attach, trainable_parameters
 from .config import PreProjConfig
-from .families import FAMILIES, decoder_layers, family_of
+from .families import FAMILIES, decoder_layers, family_of, input_norm_of
 from .loading import count_parameters
 from .precision import precision as as_precision
 from .validation import check_args
@@ -60,6 +60,7 @@ def greedy_sample(model, tokenizer, prompt: str, new_tokens: int) -> str:
 
 def inspect_model(model: nn.Module, tokenizer, args: InspectArgs) -> dict:
     family = family_of(model)
+    norm = input_norm_of(model, family)
     d, n_layers = model.config.hidden_size, len(decoder_layers(model))
     base_params = count_parameters(model)
     check_args(args)
@@ -71,7 +72,7 @@ def inspect_model(model: nn.Module, tokenizer, args: InspectArgs) -> dict:
         {
             "layer": i,
             "attention": f"{family.layers}.{i}.{family.attention}",
-            "reads": f"{family.layers}.{i}.{family.input_norm}",
+            "reads": f"{family.layers}.{i}.{norm}" if norm else f"{family.layers}.{i} (its input: no norm)",
             "preproj": sum(p.numel() for p in w.preproj.parameters()) if w.preproj is not None else 0,
             "skip": w.skip.weight.numel() if w.skip is not None else 0,
         }
@@ -107,7 +108,7 @@ def inspect_model(model: nn.Module, tokenizer, args: InspectArgs) -> dict:
         "device": str(_device(model)),
         "supported_families": {f.name: {"model_types": list(f.model_types), "layers": f.layers,
                                         "attention": f.attention, "input_norm": f.input_norm,
-                                        "lora_targets": f.lora_targets} for f in FAMILIES},
+                                        "lora_targets": f.lora_targets, "decision": f.decision} for f in FAMILIES},
     }
 
 

@@ -55,9 +55,12 @@ class PreProjAttention(nn.Module):
     shapes, so the K/V cache is exactly the base model's.
     """
 
-    def __init__(self, base_layer: nn.Module, d: int, config: PreProjConfig, device=None):
+    def __init__(self, base_layer: nn.Module, d: int, config: PreProjConfig, device=None, defer_skip: bool = False):
         super().__init__()
         self.base_layer = base_layer
+        # Blocks that norm the attention output before the residual add (Gemma-2/3, OLMo-2): the skip term
+        # is handed to a SkipAfterNorm around that norm instead of joining the attention output.
+        self.defer_skip, self._deferred = defer_skip, None
         dtype = config.torch_dtype
         self.preproj = (
             PreProjection(d, config.hidden_width(d), config.activation, dtype=dtype, device=device)
@@ -91,5 +94,29 @@ class PreProjAttention(nn.Module):
         if self.skip is None:
             return out
         attn_out = out[0] if isinstance(out, tuple) else out  # (B, T, d)
-        attn_out = attn_out + _as(F.linear(_as(x_tilde, self.skip.weight.dtype), self.skip.weight), attn_out.dtype)
+        skip = _as(F.linear(_as(x_tilde, self.skip.weight.dtype), self.skip.weight), attn_out.dtype)
+        if self.defer_skip:
+            self._deferred = skip
+            return out
+        attn_out = attn_out + skip
         return (attn_out, *out[1:]) if isinstance(out, tuple) else attn_out
+
+    def take_skip(self) -> torch.Tensor | None:
+        skip, self._deferred = self._deferred, None
+        return skip
+
+
+class SkipAfterNorm(nn.Module):
+    """Wraps the norm a block applies to its attention output and adds the content skip after it:
+    x + Norm(attn(x̃)) + W_skip · x̃, the paper's out = x + attention branch + W_skip · x̃. The original
+    norm stays intact as `base_layer`."""
+
+    def __init__(self, base_layer: nn.Module, attention: PreProjAttention):
+        super().__init__()
+        self.base_layer = base_layer
+        self._attention = [attention]  # a plain reference: the attention wrapper is registered in its own layer
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        out = self.base_layer(hidden_states, *args, **kwargs)
+        skip = self._attention[0].take_skip()
+        return out if skip is None else out + skip
