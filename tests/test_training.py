@@ -176,3 +176,29 @@ def test_attention_implementation_can_be_chosen_for_training(tmp_path, corpus):
     with pytest.raises(ValueError, match="attn_implementation must be 'sdpa' or 'eager'"):
         train(args_for(tmp_path, corpus, out=str(tmp_path / "other"), attn_implementation="flash"), tiny_model("llama"),
               CharTokenizer(), progress=False)
+
+
+def test_tensorboard_gets_every_step_and_the_skip_norms(tmp_path, corpus):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train(args_for(tmp_path, corpus, steps=4, report_to="tensorboard"), tiny_model("llama"), CharTokenizer(), progress=False)
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "train/tokens_per_second", "train/heldout_loss", "skip_norm/layer_0",
+            "skip_norm/layer_2"} <= tags
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4]
+    assert [e.step for e in events.Scalars("train/heldout_loss")] == [0, 4]
+    log = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    assert [round(e.value, 5) for e in events.Scalars("train/loss")] == [round(r["loss"], 5) for r in log[1:]]
+
+
+def test_trackers_are_named_or_refused_clearly(tmp_path, corpus):
+    with pytest.raises(ValueError, match="--report-to takes none, tensorboard, wandb, trackio"):
+        train(args_for(tmp_path, corpus, report_to="mlflow"), tiny_model("llama"), CharTokenizer(), progress=False)
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is None:
+        with pytest.raises(ValueError, match="--report-to wandb needs the wandb package: pip install wandb"):
+            train(args_for(tmp_path, corpus, out=str(tmp_path / "w"), report_to="wandb"), tiny_model("llama"),
+                  CharTokenizer(), progress=False)

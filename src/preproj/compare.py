@@ -122,6 +122,8 @@ class CompareArgs:
     """auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps."""
     strategy: str = "ddp"
     """Under torchrun: ddp or fsdp for the training runs (evaluation splits items across processes)."""
+    report_to: str = "none"
+    """Experiment trackers for every training run: none, tensorboard, wandb, trackio (comma-separated)."""
     data_dir: str | None = None
     """Directory laid out as ../shared/data; default $PREPROJ_DATA_DIR."""
     out: str = "runs/compare"
@@ -196,7 +198,7 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
                 lr = sweep["chosen"][method] if sweep else train_args["lr"]
                 targs = TrainArgs(model=args.model, method=method, out=str(run_dir), seed=seed, data_dir=args.data_dir,
                                   resume=True, precision=precision.name, device=str(device), strategy=args.strategy,
-                                  **{**train_args, "lr": lr})
+                                  report_to=args.report_to, **{**train_args, "lr": lr})
                 summary, model = train(targs, model, tokenizer, progress=progress)
             train_seconds = time.monotonic() - t0
             tasks = {}

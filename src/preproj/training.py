@@ -33,6 +33,7 @@ from . import data as datasets
 from . import distributed as ddist
 from .attach import skip_norms
 from .files import atomic_write, write_json
+from .tracking import Trackers, parse_report_to
 from .methods import TRAINED_METHODS, build_method, save_method
 from .precision import check_weights_dtype, resolve_device, rng_state, set_rng_state
 from .precision import precision as as_precision
@@ -88,6 +89,9 @@ class TrainArgs:
     (FSDP2: base and adapter sharded, sharded checkpoints)."""
     nproc: int = 1
     """Launch this many processes on this machine with torchrun (1: train in this process)."""
+    report_to: str = "none"
+    """Experiment trackers, comma-separated: none, tensorboard (OUT/tensorboard), wandb, trackio. They get loss,
+    held-out loss, learning rate, tokens/s and skip norms by layer at every step; train_log.jsonl is always written."""
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30% more compute)."""
     attn_implementation: str | None = None
@@ -284,6 +288,7 @@ def _check_args(args: TrainArgs) -> None:
         raise ValueError(f"attn_implementation must be 'sdpa' or 'eager', got {args.attn_implementation!r}.")
     if args.strategy not in ddist.STRATEGIES:
         raise ValueError(f"strategy must be one of {', '.join(ddist.STRATEGIES)}, got {args.strategy!r}.")
+    parse_report_to(args.report_to)
     rank = "" if args.lora_rank is None else str(args.lora_rank)
     if args.lora_rank is not None and rank != "paper" and not (rank.isdigit() and int(rank) >= 1):
         raise ValueError(f"--lora-rank must be a positive integer or 'paper', got {args.lora_rank!r}.")
@@ -301,13 +306,14 @@ def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True) ->
     device = resolve_device(args.device)
     r = ddist.setup(device)
     out = Path(args.out)
-    with ddist.owned(out, "preproj train", device), _StopRequests() as stop:
+    with ddist.owned(out, "preproj train", device), _StopRequests() as stop, contextlib.ExitStack() as hold:
         if out.exists() and (out / "train_log.jsonl").exists() and not args.resume:
             raise ValueError(f"{out} already holds a run; pass --resume to continue it or choose another --out.")
-        return _train(args, model, tokenizer, progress, device, r, stop)
+        return _train(args, model, tokenizer, progress, device, r, stop, hold)
 
 
-def _train(args: TrainArgs, model, tokenizer, progress: bool, device: torch.device, r: ddist.Ranks, stop) -> tuple[dict, nn.Module]:
+def _train(args: TrainArgs, model, tokenizer, progress: bool, device: torch.device, r: ddist.Ranks, stop,
+           hold: contextlib.ExitStack) -> tuple[dict, nn.Module]:
     from .evaluation import model_max_length
     from .loading import load_model
 
@@ -357,6 +363,13 @@ def _train(args: TrainArgs, model, tokenizer, progress: bool, device: torch.devi
     log_path = out / "train_log.jsonl"
     if r.is_main:
         log_path.write_text("".join(json.dumps(x) + "\n" for x in log))  # drop lines written after the checkpoint
+    trackers = None
+    if r.is_main and parse_report_to(args.report_to):
+        trackers = Trackers(parse_report_to(args.report_to), out, config, run_name=f"{args.method}-seed{args.seed}")
+        hold.callback(trackers.close)
+        if step == 0:
+            trackers.log(log[0], 0)
+    skip_tracked = trackers is not None and args.method in ("skip", "preproj+skip") and not ddist.is_sharded(wrapped)
 
     # --- fit ---
     tokens_per_step = args.batch_size * r.world_size * args.grad_accum * args.seq_len
@@ -405,6 +418,9 @@ def _train(args: TrainArgs, model, tokenizer, progress: bool, device: torch.devi
         if r.is_main:
             with open(log_path, "a") as f:
                 f.write(json.dumps(record) + "\n")
+        if trackers is not None:
+            norms = {f"skip_norm/layer_{i}": v for i, v in enumerate(skip_norms(base))} if skip_tracked else {}
+            trackers.log({**record, **norms}, step)
         bar.set_postfix(loss=f"{loss_sum:.3f}", tok_s=f"{record['tokens_per_second']:.0f}")
         bar.update(1)
         stopping = stop.requested()
