@@ -221,9 +221,8 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
             print(f"[compare] {method} seed {seed}: " + ", ".join(
                 f"{t} {m}={tasks[t][m]:.4g}" for t, m in COLUMNS[eval_cfg["protocol"]]), flush=True)
 
-    report = summarise(runs, methods, args, eval_cfg["protocol"], limits, time.monotonic() - start)
-    report["train"] = train_args
-    report.update(seeds=seeds, sweep=sweep, precision=precision.name, eval_precision=eval_precision.name, device=str(device),
+    report = summarise(runs, methods, args, eval_cfg["protocol"], limits, time.monotonic() - start, train_args, seeds)
+    report.update(sweep=sweep, precision=precision.name, eval_precision=eval_precision.name, device=str(device),
                   paired=paired_comparisons(runs, methods, eval_cfg["protocol"], out))
     if not r.is_main:
         return report
@@ -330,7 +329,8 @@ def _read_log(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
-def summarise(runs: list[dict], methods: list[str], args: CompareArgs, protocol: str, limits: dict, seconds: float) -> dict:
+def summarise(runs: list[dict], methods: list[str], args: CompareArgs, protocol: str, limits: dict, seconds: float,
+              train_args: dict, seeds: int) -> dict:
     table = {}
     for method in methods:
         mine = [r for r in runs if r["method"] == method]
@@ -348,9 +348,8 @@ def summarise(runs: list[dict], methods: list[str], args: CompareArgs, protocol:
             "skip_norms": np.mean(norms, axis=0).tolist() if norms else None,
             "lr": mine[0].get("lr"),
         }
-    return {"model": args.model, "preset": args.preset, "protocol": protocol, "seeds": args.seeds,
-            "eval_limits": limits, "train": {**PRESETS[args.preset]["train"], **{k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v}},
-            "methods": table, "wall_seconds": seconds, "args": asdict(args)}
+    return {"model": args.model, "preset": args.preset, "protocol": protocol, "seeds": seeds, "eval_limits": limits,
+            "train": train_args, "methods": table, "wall_seconds": seconds, "args": asdict(args)}
 
 
 def _fmt(cell: dict, ppl: bool) -> str:

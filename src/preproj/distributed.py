@@ -160,9 +160,10 @@ def _fully_shard(loss_model: LossModel) -> nn.Module:
 
 
 def unwrap(wrapped: nn.Module) -> nn.Module:
-    """The model inside LossModel and its DDP/FSDP wrapper."""
-    inner = wrapped.module if hasattr(wrapped, "module") and not isinstance(wrapped, LossModel) else wrapped
-    return inner.model
+    """The model inside LossModel and its DDP wrapper (FSDP2 shards LossModel in place, no wrapper)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return (wrapped.module if isinstance(wrapped, DistributedDataParallel) else wrapped).model
 
 
 def is_sharded(wrapped: nn.Module) -> bool:
