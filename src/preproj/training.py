@@ -363,13 +363,14 @@ def _train(args: TrainArgs, model, tokenizer, progress: bool, device: torch.devi
     log_path = out / "train_log.jsonl"
     if r.is_main:
         log_path.write_text("".join(json.dumps(x) + "\n" for x in log))  # drop lines written after the checkpoint
-    trackers = None
-    if r.is_main and parse_report_to(args.report_to):
-        trackers = Trackers(parse_report_to(args.report_to), out, config, run_name=f"{args.method}-seed{args.seed}")
+    trackers, tracked = None, parse_report_to(args.report_to)
+    if r.is_main and tracked:
+        trackers = Trackers(tracked, out, config, run_name=f"{args.method}-seed{args.seed}")
         hold.callback(trackers.close)
         if step == 0:
             trackers.log(log[0], 0)
-    skip_tracked = trackers is not None and args.method in ("skip", "preproj+skip") and not ddist.is_sharded(wrapped)
+    has_skip = args.method in ("skip", "preproj+skip")
+    skip_tracked = trackers is not None and has_skip and not ddist.is_sharded(wrapped)
 
     # --- fit ---
     tokens_per_step = args.batch_size * r.world_size * args.grad_accum * args.seq_len
@@ -433,7 +434,7 @@ def _train(args: TrainArgs, model, tokenizer, progress: bool, device: torch.devi
 
     # --- summary: the adapter in its usual two files (unsharded), summary.json ---
     with ddist.unsharded(wrapped):
-        norms = skip_norms(base) if args.method in ("skip", "preproj+skip") else None
+        norms = skip_norms(base) if has_skip else None
         if r.is_main:
             save_method(model, args.method, out)
     heldout = [x["heldout_loss"] for x in log if "heldout_loss" in x]
