@@ -208,7 +208,7 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
                                items_out=run_dir / f"items.{task}.jsonl")
                 tasks[task] = res["tasks"][task]
             result = {"method": method, "seed": seed, "tasks": tasks, "run_dir": run_dir.name,
-                      "lr": targs.lr if summary else None, "heldout_curve": _heldout_curve(run_dir) if summary else [],
+                      "lr": targs.lr if summary else None,
                       "trainable_params": summary["trainable_params"] if summary else 0,
                       "train_tokens": summary["tokens_seen"] if summary else 0,
                       "train_seconds": train_seconds if summary else 0.0,
@@ -318,10 +318,6 @@ def sweep_learning_rates(args: CompareArgs, methods: list[str], train_args: dict
         write_json(out / "sweep.json", sweep)
     print("[compare] learning rates: " + ", ".join(f"{m} {lr:g}" for m, lr in chosen.items()), flush=True)
     return sweep
-
-
-def _heldout_curve(run_dir: Path) -> list[tuple[int, float]]:
-    return [(x["step"], x["heldout_loss"]) for x in _read_log(run_dir) if "heldout_loss" in x]
 
 
 def _read_log(run_dir: Path) -> list[dict]:
