@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from preproj import AdapterError, PreProjConfig, attach, load_adapter, save_adapter
+from preproj.adapter import config_from_metadata
 from preproj.attach import adapter_state_dict
 
 from conftest import input_ids, tiny_model
@@ -44,7 +45,8 @@ def test_file_holds_only_adapter_tensors(trained):
     assert all(torch.equal(tensors[k], v) for k, v in expected.items())
     assert sum(t.numel() for t in tensors.values()) == sum(p.numel() for p in model.parameters() if p.requires_grad)
     meta = json.loads((directory / "adapter_config.json").read_text())
-    assert meta["peft_type"] == "PREPROJ" and meta["config"]["mode"] == "preproj+skip"
+    assert meta["peft_type"] == "PREPROJ" and meta["task_type"] == "CAUSAL_LM" and meta["mode"] == "preproj+skip"
+    assert config_from_metadata(meta) == model.preproj_config
     assert sorted(p.name for p in directory.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
 
 
@@ -123,7 +125,7 @@ def test_corrupt_or_foreign_config_fails_clearly(trained):
 def test_tensors_that_do_not_match_the_config_are_refused(trained):
     base, _, directory = trained
     meta = json.loads((directory / "adapter_config.json").read_text())
-    meta["config"]["expansion"] = 2.0  # the saved up/down weights no longer have these shapes
+    meta["expansion"] = 2.0  # the saved up/down weights no longer have these shapes
     (directory / "adapter_config.json").write_text(json.dumps(meta))
     with pytest.raises(AdapterError, match="wrong shape"):
         load_adapter(base, directory)
@@ -170,3 +172,16 @@ def test_save_is_atomic_and_overwrites(trained):
     assert (directory / "adapter_model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
     tensors = load_file(directory / "adapter_model.safetensors")
     assert all(torch.equal(tensors[k], v) for k, v in adapter_state_dict(model).items())
+
+
+def test_adapters_written_with_a_nested_config_still_load(trained):
+    """Files written before the PEFT-shaped layout kept PreProjConfig under "config"."""
+    base, model, directory = trained
+    meta = json.loads((directory / "adapter_config.json").read_text())
+    names = set(PreProjConfig().to_dict())
+    legacy = {k: v for k, v in meta.items() if k not in names} | {"config": {k: meta[k] for k in names}}
+    (directory / "adapter_config.json").write_text(json.dumps(legacy))
+    loaded = load_adapter(base, directory)
+    ids = input_ids()
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)

@@ -5,6 +5,7 @@ Only adapter tensors are written; nothing executable is ever read back (no pickl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -29,7 +30,8 @@ class AdapterError(ValueError):
     """An adapter directory that cannot be loaded onto the given model."""
 
 
-def _base_description(model: nn.Module, config: PreProjConfig | None = None) -> dict:
+def adapter_metadata(model: nn.Module, config: PreProjConfig | None = None) -> dict:
+    """What an adapter file records about the model it was made on; load checks it against the model."""
     family = family_of(model, config)
     return {
         "base_model_name_or_path": getattr(model.config, "_name_or_path", None) or None,
@@ -37,7 +39,17 @@ def _base_description(model: nn.Module, config: PreProjConfig | None = None) -> 
         "family": family.name,
         "hidden_size": hidden_size(model),
         "num_hidden_layers": len(decoder_layers(model, family)),
+        "preproj_version": __version__,
     }
+
+
+def config_from_metadata(meta: dict) -> PreProjConfig:
+    """The PreProjConfig in an adapter_config.json: its fields at top level, as PEFT writes them, or (files
+    written before preproj 0.1's PEFT integration) nested under "config"."""
+    if isinstance(meta.get("config"), dict):
+        return PreProjConfig.from_dict(meta["config"])
+    names = {f.name for f in dataclasses.fields(PreProjConfig)}
+    return PreProjConfig.from_dict({k: v for k, v in meta.items() if k in names})
 
 
 def save_adapter(model: nn.Module, directory: str | os.PathLike) -> Path:
@@ -49,7 +61,9 @@ def save_adapter(model: nn.Module, directory: str | os.PathLike) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous().cpu() for k, v in adapter_state_dict(model).items()}
     atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
-    meta = {"peft_type": PEFT_TYPE, "preproj_version": __version__, **_base_description(model), "config": config.to_dict()}
+    # The same keys PEFT writes for preproj.peft.PreProjPeftConfig, so PEFT and preproj read each other's files.
+    meta = {"peft_type": PEFT_TYPE, "task_type": "CAUSAL_LM", "inference_mode": True, **adapter_metadata(model, config),
+            **config.to_dict()}
     write_json(directory / CONFIG_NAME, meta)
     return directory
 
@@ -69,14 +83,16 @@ def _read_json(path: Path) -> dict:
 def read_adapter_config(directory: str | os.PathLike) -> dict:
     path = Path(directory) / CONFIG_NAME
     meta = _read_json(path)
-    if meta.get("peft_type") != PEFT_TYPE or not isinstance(meta.get("config"), dict):
-        raise AdapterError(f"{path} is not a preproj adapter config (expected peft_type {PEFT_TYPE!r} and a 'config' object).")
+    if meta.get("peft_type") != PEFT_TYPE:
+        raise AdapterError(f"{path} is not a preproj adapter config (expected peft_type {PEFT_TYPE!r}, "
+                           f"found {meta.get('peft_type')!r}).")
     return meta
 
 
-def _check_compatible(meta: dict, model: nn.Module, directory, config: PreProjConfig) -> None:
+def check_compatible(meta: dict, model: nn.Module, directory, config: PreProjConfig) -> None:
+    """Refuse an adapter recorded on a model of another family, width or depth, naming what differs."""
     try:
-        have = _base_description(model, config)
+        have = adapter_metadata(model, config)
     except ValueError as e:  # a model of a family the adapter cannot be rebuilt on
         raise AdapterError(f"Adapter in {directory} does not fit this model: {e}") from None
     for key, what in (("family", "model family"), ("hidden_size", "hidden size"), ("num_hidden_layers", "layer count")):
@@ -101,12 +117,12 @@ def load_adapter(model: nn.Module, directory: str | os.PathLike, dtype: torch.dt
         return _load_lora(model, directory, dtype)
     meta = read_adapter_config(directory)
     try:
-        config = PreProjConfig.from_dict(meta["config"])
+        config = config_from_metadata(meta)
         if dtype is not None:
             config = PreProjConfig.from_dict({**config.to_dict(), "adapter_dtype": str(dtype).removeprefix("torch.")})
     except (TypeError, ValueError) as e:
         raise AdapterError(f"Invalid adapter config in {directory / CONFIG_NAME}: {e}") from None
-    _check_compatible(meta, model, directory, config)
+    check_compatible(meta, model, directory, config)
 
     weights = directory / WEIGHTS_NAME
     if not weights.is_file():

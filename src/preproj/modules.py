@@ -1,4 +1,5 @@
-"""The two modules of PAPER.md §1 and the wrapper that puts them around an attention layer.
+"""The two modules of PAPER.md §1 (`PreProjAdapter` holds one adapter's pair) and the wrappers that put
+them around an attention layer: `PreProjAttention` here, `preproj.peft.layer` for PEFT.
 
     x̂  = Norm(x)                                 the block's own attention-input norm
     x̃  = x̂ + W_down · act(W_up · x̂)             pre-projection, before Q/K/V (and before RoPE)
@@ -46,21 +47,17 @@ class PreProjection(nn.Module):
         return x_hat + _as(delta, x_hat.dtype)
 
 
-class PreProjAttention(nn.Module):
-    """Wraps a model's attention module; the original stays intact as `base_layer`.
+class PreProjAdapter(nn.Module):
+    """One adapter's modules for one attention layer: the pre-projection and/or the content skip.
 
-    The wrapper never depends on the attention's signature: it takes `hidden_states` (the
-    keyword, else the first positional argument), replaces it by x̃ and passes everything
-    else through untouched. K and V are computed by the base layer from x̃ with the base
-    shapes, so the K/V cache is exactly the base model's.
+    `around` runs a base attention module with them. The wrapper never depends on the attention's
+    signature: it takes `hidden_states` (the keyword, else the first positional argument), replaces it
+    by x̃ and passes everything else through untouched. K and V are computed by the base layer from x̃
+    with the base shapes, so the K/V cache is exactly the base model's.
     """
 
-    def __init__(self, base_layer: nn.Module, d: int, config: PreProjConfig, device=None, defer_skip: bool = False):
+    def __init__(self, d: int, config: PreProjConfig, device=None):
         super().__init__()
-        self.base_layer = base_layer
-        # Blocks that norm the attention output before the residual add (Gemma-2/3, OLMo-2): the skip term
-        # is handed to a SkipAfterNorm around that norm instead of joining the attention output.
-        self.defer_skip, self._deferred = defer_skip, None
         dtype = config.torch_dtype
         self.preproj = (
             PreProjection(d, config.hidden_width(d), config.activation, dtype=dtype, device=device)
@@ -78,32 +75,64 @@ class PreProjAttention(nn.Module):
         if self.skip is not None:
             nn.init.normal_(self.skip.weight, std=config.skip_init_std)
 
-    def forward(self, *args, **kwargs):
+    def around(self, base_layer: nn.Module, args: tuple, kwargs: dict) -> tuple[object, torch.Tensor | None]:
+        """base_layer's output on x̃, and the skip term W_skip · x̃ (None without a skip)."""
         if "hidden_states" in kwargs:
             x_hat = kwargs["hidden_states"]
         elif args:
             x_hat = args[0]
         else:
-            raise TypeError(f"{type(self.base_layer).__name__} was called without hidden_states.")
+            raise TypeError(f"{type(base_layer).__name__} was called without hidden_states.")
         x_tilde = self.preproj(x_hat) if self.preproj is not None else x_hat
         if "hidden_states" in kwargs:
-            kwargs["hidden_states"] = x_tilde
+            kwargs = {**kwargs, "hidden_states": x_tilde}
         else:
             args = (x_tilde, *args[1:])
-        out = self.base_layer(*args, **kwargs)
+        out = base_layer(*args, **kwargs)
         if self.skip is None:
-            return out
+            return out, None
         attn_out = out[0] if isinstance(out, tuple) else out  # (B, T, d)
-        skip = _as(F.linear(_as(x_tilde, self.skip.weight.dtype), self.skip.weight), attn_out.dtype)
+        return out, _as(F.linear(_as(x_tilde, self.skip.weight.dtype), self.skip.weight), attn_out.dtype)
+
+
+def add_to_output(out, term: torch.Tensor):
+    """An attention module's output (a tensor, or a tuple led by one) with `term` added to its tensor."""
+    if isinstance(out, tuple):
+        return (out[0] + term, *out[1:])
+    return out + term
+
+
+class SkipRouting:
+    """Where an attention wrapper sends its skip term: into the attention output, or, in blocks that norm the
+    attention output before the residual add (Gemma-2/3, OLMo-2; `defer_skip`), to the SkipAfterNorm around
+    that norm."""
+
+    defer_skip: bool = False
+    _deferred: torch.Tensor | None = None
+
+    def route(self, out, skip: torch.Tensor | None):
+        if skip is None:
+            return out
         if self.defer_skip:
             self._deferred = skip
             return out
-        attn_out = attn_out + skip
-        return (attn_out, *out[1:]) if isinstance(out, tuple) else attn_out
+        return add_to_output(out, skip)
 
     def take_skip(self) -> torch.Tensor | None:
         skip, self._deferred = self._deferred, None
         return skip
+
+
+class PreProjAttention(PreProjAdapter, SkipRouting):
+    """Wraps a model's attention module; the original stays intact as `base_layer`."""
+
+    def __init__(self, base_layer: nn.Module, d: int, config: PreProjConfig, device=None, defer_skip: bool = False):
+        super().__init__(d, config, device=device)
+        self.base_layer = base_layer
+        self.defer_skip = defer_skip
+
+    def forward(self, *args, **kwargs):
+        return self.route(*self.around(self.base_layer, args, kwargs))
 
 
 class SkipAfterNorm(nn.Module):
@@ -111,7 +140,7 @@ class SkipAfterNorm(nn.Module):
     x + Norm(attn(x̃)) + W_skip · x̃, the paper's out = x + attention branch + W_skip · x̃. The original
     norm stays intact as `base_layer`."""
 
-    def __init__(self, base_layer: nn.Module, attention: PreProjAttention):
+    def __init__(self, base_layer: nn.Module, attention: SkipRouting):
         super().__init__()
         self.base_layer = base_layer
         self._attention = [attention]  # a plain reference: the attention wrapper is registered in its own layer
