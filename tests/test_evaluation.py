@@ -102,6 +102,28 @@ def test_local_data_counts():
     assert label_counts.tolist() == [2515, 2485, 2584, 2458]
 
 
+@pytest.mark.integration
+def test_paper_hellaswag_is_the_validation_set_in_original_order_with_raw_text():
+    """The author scores the first 500 of hellaswag_val.jsonl as raw ctx + " " + ending. Every original record
+    of the local subset that lies among the first HELLASWAG_RAW_ITEMS items equals its reconstruction."""
+    d = data_dir()
+    assert d is not None, "../shared/data or $PREPROJ_DATA_DIR is needed"
+    docs, source = datasets.hellaswag_in_order(d)
+    assert len(docs) == 10042 and "original order" in source
+    assert docs[0]["raw_ctx"] == "A man is sitting on a roof. he" and docs[0]["gold"] == 3
+    assert docs[0]["raw_endings"][3] == "starts pulling up roofing on a roof."
+    position = {tuple(e.strip() for e in doc["raw_endings"]): i for i, doc in enumerate(docs)}
+    checked = 0
+    for record in datasets._jsonl(d / datasets.LOCAL_FILES["hellaswag"]):
+        i = position.get(tuple(e.strip() for e in record["endings"]))
+        if i is None or i >= datasets.HELLASWAG_RAW_ITEMS:
+            continue
+        checked += 1
+        assert (docs[i]["raw_ctx"], docs[i]["raw_endings"], docs[i]["gold"]) == (
+            record["ctx"], record["endings"], int(record["label"]))
+    assert checked == 881
+
+
 def test_missing_data_says_which_file_and_how(tmp_path, monkeypatch):
     import huggingface_hub.constants
 

@@ -184,18 +184,42 @@ def _hellaswag_doc(r: dict) -> dict:
 def hellaswag(data_dir: Path | None = None, full: bool = False) -> list[dict]:
     """[{'query','choices','gold','raw_ctx','raw_endings'}]; full=True reads llama.cpp's 10,042-item file."""
     if full:
-        path = _local("hellaswag_full", data_dir)
-        if path is None:
-            raise DataNotFound(f"hellaswag_full needs {LOCAL_FILES['hellaswag_full']} in the data directory.")
-        lines = path.read_text(encoding="utf-8").split("\n")
-        docs = []
-        for i in range(0, len(lines) - 5, 6):
-            query, gold, endings = lines[i], int(lines[i + 1]), lines[i + 2 : i + 6]
-            docs.append({"query": query, "choices": endings, "gold": gold, "raw_ctx": query, "raw_endings": endings})
-        return docs
+        return _hellaswag_full(data_dir)
     path = _local("hellaswag", data_dir)
     rows = _jsonl(path) if path else list(_hub("hellaswag", data_dir))
     return [_hellaswag_doc(r) for r in rows]
+
+
+def _hellaswag_full(data_dir: Path | None) -> list[dict]:
+    path = _local("hellaswag_full", data_dir)
+    if path is None:
+        raise DataNotFound(f"hellaswag_full needs {LOCAL_FILES['hellaswag_full']} in the data directory.")
+    lines = path.read_text(encoding="utf-8").split("\n")
+    docs = []
+    for i in range(0, len(lines) - 5, 6):
+        query, gold, endings = lines[i], int(lines[i + 1]), lines[i + 2 : i + 6]
+        docs.append({"query": query, "choices": endings, "gold": gold, "raw_ctx": query, "raw_endings": endings})
+    return docs
+
+
+# The validation set opens with its ActivityNet items, whose text carries no [tags], so llama.cpp's
+# preprocessing leaves ctx untouched: its query is activity_label + ": " + ctx. Checked on the local data:
+# every record of the 1000-record subset that lies among the first 3000 items (881) equals its
+# reconstruction in ctx, endings and label. WikiHow items (from about item 3240) lost their [tags].
+HELLASWAG_RAW_ITEMS = 3000
+
+
+def hellaswag_in_order(data_dir: Path | None = None) -> tuple[list[dict], str]:
+    """The validation set in its original order with raw ctx and endings (the paper protocol's 'first 500'),
+    and where it came from: the local full file, else the Hub."""
+    if _local("hellaswag_full", data_dir) is None:
+        return [_hellaswag_doc(r) for r in _hub("hellaswag", data_dir)], "HellaSwag validation (Hub), original order"
+    docs = _hellaswag_full(data_dir)
+    for doc in docs[:HELLASWAG_RAW_ITEMS]:
+        doc["raw_ctx"] = doc["raw_ctx"].split(": ", 1)[1]
+    return docs, (f"HellaSwag validation in original order from {LOCAL_FILES['hellaswag_full']}, raw ctx recovered by "
+                  f"removing the activity label; exact for the first {HELLASWAG_RAW_ITEMS} items, beyond which "
+                  "llama.cpp's preprocessing removed WikiHow's [tags]")
 
 
 # --- ARC-Easy ------------------------------------------------------------------------------------

@@ -326,8 +326,9 @@ def wikitext_paper(score: LogLikelihood, rows: list[str], items: list | None = N
 
 
 def run_task(score: LogLikelihood, task: str, protocol: str, limit: int | None, data_dir: Path | None,
-             items: list | None = None) -> dict:
-    """The task's metrics; with `items`, also one record per item (appended) for paired comparisons."""
+             items: list | None = None, notes: list | None = None) -> dict:
+    """The task's metrics; with `items`, also one record per item (appended) for paired comparisons, and with
+    `notes`, what the reader should know about the data used (appended)."""
     if protocol == "paper" and limit is None:
         limit = PAPER_LIMIT
     take = (lambda items: items[:limit]) if limit is not None else (lambda items: items)
@@ -338,6 +339,13 @@ def run_task(score: LogLikelihood, task: str, protocol: str, limit: int | None, 
         if protocol == "harness":
             return wikitext_harness(score, take(datasets.wikitext_documents(data_dir)), items)
         return wikitext_paper(score, datasets.wikitext_rows("valid", data_dir), items)
+    if task == "hellaswag" and protocol == "paper":  # the author's first N, in the validation set's order
+        docs, source = datasets.hellaswag_in_order(data_dir)
+        docs = take(docs)
+        if notes is not None:
+            notes.append(source)
+        return _multiple_choice(score, docs, lambda d: d["raw_ctx"], lambda d: d["raw_endings"], task + " (paper)", True,
+                                items)
     if task in ("hellaswag", "hellaswag_full"):
         docs = take(datasets.hellaswag(data_dir, full=task == "hellaswag_full"))
         if protocol == "harness":
@@ -412,15 +420,11 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] = TASKS, *, pro
         for task in names:
             start = time.monotonic()
             items = []
-            report["tasks"][task] = run_task(score, task, protocol, limit, data_dir, items)
+            report["tasks"][task] = run_task(score, task, protocol, limit, data_dir, items, report["notes"])
             records += [{"task": task, **item} for item in items]
             report["seconds"][task] = round(time.monotonic() - start, 2)
             if task == "hellaswag_full":
                 report["notes"].append(datasets.HELLASWAG_FULL_NOTE)
-            if task == "hellaswag" and protocol == "paper" and datasets._local("hellaswag", data_dir):
-                report["notes"].append("The local HellaSwag file is a shuffled 1000-record subset, so the paper "
-                                       "protocol's 'first 500' are not the paper's items; hellaswag_full keeps the "
-                                       "original order.")
             if ddist.ranks().is_main:
                 if items_out:
                     write_jsonl(items_out, records)
