@@ -168,6 +168,26 @@ def _train(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _pretrain(ns: argparse.Namespace) -> int:
+    from . import distributed as ddist
+    from .precision import resolve_device
+    from .pretraining import PretrainArgs, pretrain
+
+    args = _args(ns, PretrainArgs)
+    if args.nproc > 1:
+        return _torchrun(args.nproc, ns.argv)
+    ddist.main_prints(ddist.setup(resolve_device(args.device)))
+    summary, _ = pretrain(args)
+    for prompt, text in summary["samples"].items():
+        print(f"  {prompt!r} -> {text!r}")
+    ppl = ", ".join(f"{k} perplexity {v:.2f}" for k, v in summary["perplexity"].items())
+    print(f"summary: {args.method} from scratch, {summary['params'] / 1e6:.2f}M parameters, {summary['steps']} steps, "
+          f"{summary['tokens_seen']:,} tokens at {summary['tokens_per_second']:.0f} tok/s, {ppl}, "
+          f"{summary['wall_seconds']:.0f}s; model in {args.out}" + (f", adapter in {args.out}/adapter"
+                                                                    if args.method != "base" else ""))
+    return 0
+
+
 def _torchrun(nproc: int, argv: list[str]) -> int:
     """`preproj train --nproc N ...` is `torchrun --standalone --nproc-per-node N -m preproj train ...`."""
     import subprocess
@@ -206,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .compare import CompareArgs
     from .evaluation import EvalArgs
     from .inspection import InspectArgs
+    from .pretraining import PretrainArgs
     from .training import TrainArgs
 
     parser = _Parser(prog="preproj", description=__doc__)
@@ -222,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="Frozen-probe training of one method (base frozen, only new parameters learn).")
     _add_dataclass_args(p, TrainArgs)
     p.set_defaults(run=_train)
+
+    p = sub.add_parser("pretrain", help="Train a Llama-architecture model from scratch with the modules built in.")
+    _add_dataclass_args(p, PretrainArgs)
+    p.set_defaults(run=_pretrain)
 
     p = sub.add_parser("compare", help="Train and evaluate every method under one budget; report, table and plots.")
     _add_dataclass_args(p, CompareArgs)

@@ -138,3 +138,21 @@ def save_method(model: nn.Module, name: str, out: str | Path) -> None:
 
 def load_method(model: nn.Module, name: str, directory: str | Path) -> nn.Module:
     return method(name).load(model, Path(directory))
+
+
+ADAPTER_SUBDIR = "adapter"
+
+
+def save_model_dir(model: nn.Module, name: str, out: str | Path) -> None:
+    """A model trained as a whole: the base (without the method's modules) saved by save_pretrained in
+    safetensors at `out`, the method's files in out/adapter. transformers reads an adapter_config.json
+    beside a model's own files as a PEFT adapter to load, hence the subfolder."""
+    from .modules import PreProjAttention
+
+    out = Path(out)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    wrappers = [n for n, m in base.named_modules() if isinstance(m, PreProjAttention)]
+    added = tuple(f"{w}.{part}." for w in wrappers for part in ("preproj", "skip"))
+    state = {k.replace(".base_layer.", "."): v for k, v in base.state_dict().items() if not k.startswith(added)}
+    base.save_pretrained(out, state_dict=state)
+    save_method(model, name, out / ADAPTER_SUBDIR)

@@ -34,7 +34,7 @@ from . import distributed as ddist
 from .attach import skip_norms
 from .files import atomic_write, write_json
 from .tracking import Trackers, parse_report_to
-from .methods import TRAINED_METHODS, build_method, save_method
+from .methods import TRAINED_METHODS, build_method, save_method, save_model_dir
 from .precision import check_weights_dtype, resolve_device, rng_state, set_rng_state
 from .precision import precision as as_precision
 from .validation import check_args, check_within_context
@@ -109,6 +109,9 @@ class TrainArgs:
     """Checkpoint every N steps (atomic; the last good one is kept)."""
     resume: bool = False
     """Continue from OUT/checkpoint if present."""
+    train_base: bool = False
+    """Train every weight, the base's too (what `preproj pretrain` sets); the result is then a model directory
+    with the method's files in OUT/adapter."""
 
 
 class TrainingDiverged(RuntimeError):
@@ -282,7 +285,7 @@ def heldout_loss(wrapped: nn.Module, ids: torch.Tensor, labels: torch.Tensor, ar
 def _check_args(args: TrainArgs) -> None:
     check_args(args)
     as_precision(args.precision)
-    if args.method not in METHODS:
+    if args.method not in METHODS and not (args.train_base and args.method == "base"):
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {args.method!r}.")
     if args.attn_implementation not in (None, "sdpa", "eager"):
         raise ValueError(f"attn_implementation must be 'sdpa' or 'eager', got {args.attn_implementation!r}.")
@@ -330,6 +333,8 @@ def _train(args: TrainArgs, model, tokenizer, progress: bool, device: torch.devi
     check_within_context("seq_len", args.seq_len, model_max_length(model, tokenizer))
     torch.manual_seed(args.seed)
     model = build_method(model, args.method, args.lora_rank, precision)
+    if args.train_base:
+        model.requires_grad_(True)
     model.to(device)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if args.activation_checkpointing:
@@ -436,7 +441,7 @@ def _train(args: TrainArgs, model, tokenizer, progress: bool, device: torch.devi
     with ddist.unsharded(wrapped):
         norms = skip_norms(base) if has_skip else None
         if r.is_main:
-            save_method(model, args.method, out)
+            (save_model_dir if args.train_base else save_method)(model, args.method, out)
     heldout = [x["heldout_loss"] for x in log if "heldout_loss" in x]
     summary = {
         "model": args.model, "method": args.method, "steps": args.steps, "tokens_seen": args.steps * tokens_per_step,

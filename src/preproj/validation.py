@@ -29,6 +29,9 @@ BOUNDS = {
     "warmup": COUNT, "eval_every": POSITIVE_COUNT, "eval_batches": POSITIVE_COUNT, "save_every": POSITIVE_COUNT,
     "nproc": POSITIVE_COUNT, "lines": POSITIVE_COUNT, "seed": COUNT,
     "lr": POSITIVE, "weight_decay": NON_NEGATIVE, "max_grad_norm": NON_NEGATIVE,
+    # pretraining
+    "layers": POSITIVE_COUNT, "d_model": POSITIVE_COUNT, "heads": POSITIVE_COUNT, "kv_heads": POSITIVE_COUNT,
+    "intermediate_size": POSITIVE_COUNT, "tokens": POSITIVE_COUNT, "sample_tokens": COUNT,
     # evaluation and comparison
     "limit": POSITIVE_COUNT, "max_length": Bound(2), "batch_tokens": POSITIVE_COUNT, "seeds": POSITIVE_COUNT,
     "num_fewshot": COUNT,
