@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from preproj.stats import accuracy, describe, paired_bootstrap, perplexity, t_interval
+from preproj.stats import accuracy, describe, paired_bootstrap, paired_t, perplexity, t_interval
 
 
 def planted(rng, n_items: int, delta: float):
@@ -81,3 +81,19 @@ def test_unpaired_items_are_refused():
 def test_t_interval_over_seeds():
     mean, half = t_interval([1.0, 2.0, 3.0])
     assert mean == 2.0 and half == pytest.approx(4.302653 * 1.0 / np.sqrt(3), rel=1e-5)
+
+
+def test_paired_t_covers_a_planted_seed_paired_difference_at_its_nominal_rate():
+    """Three seeds, a seed effect shared by both sides (it cancels in the pairing) and noise per run."""
+    rng, delta, hits, runs = np.random.default_rng(3), -0.05, 0, 2000
+    for _ in range(runs):
+        shared = rng.normal(3.0, 0.3, 3)
+        p = paired_t(shared + rng.normal(0, 0.02, 3), shared + delta + rng.normal(0, 0.02, 3), higher_is_better=False)
+        hits += p.low <= delta <= p.high
+    assert 0.93 <= hits / runs <= 0.97, hits / runs
+    big = paired_t([3.0, 3.1, 2.9], [2.8, 2.91, 2.69], higher_is_better=False)
+    assert big.verdict == "better" and big.effect == pytest.approx(-0.2, abs=1e-9)
+    same = paired_t([3.0, 3.1, 2.9], [3.0, 3.1, 2.9])
+    assert same.effect == 0 and same.verdict == "no detectable difference"
+    with pytest.raises(ValueError, match="one value per seed"):
+        paired_t([1.0, 2.0], [1.0, 2.0, 3.0])

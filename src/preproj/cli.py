@@ -188,6 +188,17 @@ def _pretrain(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _scaling(ns: argparse.Namespace) -> int:
+    from .scaling import ScalingArgs, run_scaling
+
+    args = _args(ns, ScalingArgs)
+    results = run_scaling(args)
+    print((Path(args.out) / "report.md").read_text())
+    print(f"summary: {len(results['sizes'])} size(s) in {results['wall_seconds'] / 60:.1f} min; report.md, "
+          f"results.json, loss_vs_tokens.png, loss_vs_flops.png, skip_norms.png in {args.out}")
+    return 0
+
+
 def _torchrun(nproc: int, argv: list[str]) -> int:
     """`preproj train --nproc N ...` is `torchrun --standalone --nproc-per-node N -m preproj train ...`."""
     import subprocess
@@ -227,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .evaluation import EvalArgs
     from .inspection import InspectArgs
     from .pretraining import PretrainArgs
+    from .scaling import ScalingArgs
     from .training import TrainArgs
 
     parser = _Parser(prog="preproj", description=__doc__)
@@ -247,6 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pretrain", help="Train a Llama-architecture model from scratch with the modules built in.")
     _add_dataclass_args(p, PretrainArgs)
     p.set_defaults(run=_pretrain)
+
+    p = sub.add_parser("scaling", help="From scratch: sizes x variants (matched plain baselines) x seeds; paired report.")
+    _add_dataclass_args(p, ScalingArgs)
+    p.set_defaults(run=_scaling)
 
     p = sub.add_parser("compare", help="Train and evaluate every method under one budget; report, table and plots.")
     _add_dataclass_args(p, CompareArgs)

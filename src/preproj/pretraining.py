@@ -331,7 +331,9 @@ def greedy_samples(model: nn.Module, tokenizer, new_tokens: int) -> dict[str, st
     samples = {}
     for prompt in SAMPLE_PROMPTS:
         ids = torch.tensor([tokenizer.encode(prompt)], device=device)
-        out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+        room = model.config.max_position_embeddings - ids.shape[1]  # positions beyond the context were never trained
+        out = model.generate(ids, max_new_tokens=max(0, min(new_tokens, room)), do_sample=False,
+                             pad_token_id=tokenizer.eos_token_id)
         samples[prompt] = tokenizer.decode(out[0, ids.shape[1]:])
     model.train(was)
     return samples

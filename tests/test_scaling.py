@@ -1,0 +1,56 @@
+"""`preproj scaling` end to end on a tiny grid: runs, shared plain baselines, resume, paired report, plots."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+import preproj.scaling as scaling
+from preproj.scaling import ScalingArgs, parse_sizes, parse_variants, run_scaling
+
+CORPUS = ["the cat sat on the mat and the dog ate the bone while the bird sang a song. " * 2] * 200
+
+
+def test_grid_runs_reports_and_resumes_without_retraining(tmp_path, monkeypatch):
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(CORPUS))
+    args = ScalingArgs(out=str(tmp_path / "grid"), sizes="1x32", variants="preproj+skip,base@params,base@flops,skip",
+                       seeds=2, tokens=8 * 32 * 6, data=str(text), tokenizer="train:300", seq_len=32, batch_size=8,
+                       warmup=2, eval_every=3, device="cpu", precision="fp32", timing_rounds=1)
+    results = run_scaling(args, progress=False)
+    entry = results["sizes"]["1x32"]
+    assert set(entry["variants"]) == {"preproj+skip", "base@params", "base@flops", "skip"}
+    params = {v: x["params"] for v, x in entry["variants"].items()}
+    assert abs(params["base@params"] / params["preproj+skip"] - 1) < 0.02
+    # The two plain matches give one width here, so base@flops reuses base@params's runs instead of training twice.
+    assert entry["variants"]["base@flops"]["validation_loss"] == entry["variants"]["base@params"]["validation_loss"]
+    assert not (tmp_path / "grid" / "1x32" / "base@flops").exists()
+    for variant in ("base@params", "skip"):
+        paired = entry["paired"][variant]
+        assert tuple(paired["seeds"]) == (2, 2) and paired["metric"] == "validation loss" and paired["low"] <= paired["high"]
+    assert 0 < entry["timing"]["adapted_step_seconds"] and entry["timing"]["plain_step_seconds"] > 0
+    report = (tmp_path / "grid" / "report.md").read_text()
+    assert "| preproj+skip |" in report and "reference" in report and "modules' share" in report
+    for name in ("loss_vs_tokens.png", "loss_vs_flops.png", "skip_norms.png", "results.json"):
+        assert (tmp_path / "grid" / name).stat().st_size > 0
+
+    def refuse(*a, **k):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(scaling, "pretrain", refuse)
+    again = run_scaling(args, progress=False)
+    assert again["sizes"]["1x32"]["variants"]["skip"]["validation_loss"] == entry["variants"]["skip"]["validation_loss"]
+    assert json.loads((tmp_path / "grid" / "results.json").read_text())["sizes"]["1x32"]["paired"]
+
+
+@pytest.mark.parametrize("sizes, variants, message", [
+    ("4x100", "preproj+skip", "multiple of 32"),
+    ("4x128", "base,skip", "must include preproj+skip"),
+    ("4x128", "preproj+skip,lora", "--variants takes"),
+])
+def test_bad_grids_are_refused(sizes, variants, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_sizes(sizes)
+        parse_variants(variants)
