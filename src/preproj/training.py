@@ -470,9 +470,12 @@ class TrainingInterrupted(RuntimeError):
 
     def __init__(self, signum: int, step: int, ckpt: Path):
         self.signal = signum
-        again = shlex.join([*sys.argv, *([] if "--resume" in sys.argv else ["--resume"])])
+        # train and pretrain resume with --resume; compare and scaling resume every run with the same command.
+        command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+        flag = [] if "--resume" in sys.argv or command in ("compare", "scaling") else ["--resume"]
+        how = "the same command and --resume" if flag else "the same command"
         super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; the checkpoint of that step is "
-                         f"in {ckpt}. Continue with the same command and --resume: {again}")
+                         f"in {ckpt}. Continue with {how}: {shlex.join([*sys.argv, *flag])}")
 
 
 class _StopRequests:
