@@ -197,3 +197,23 @@ def test_compare_refuses_fsdp_across_processes(monkeypatch, tmp_path):
     monkeypatch.setattr(distributed, "setup", lambda device: distributed.Ranks(0, 2, 0))
     with pytest.raises(ValueError, match="use --strategy ddp"):
         run_compare(CompareArgs(methods="base", strategy="fsdp", device="cpu", out=str(tmp_path)), progress=False)
+
+
+def test_pretraining_on_two_processes_equals_one_process_at_twice_the_batch(setup):
+    """`preproj pretrain --nproc 2` runs train's DDP loop with every weight trainable: same losses and weights."""
+    root, _, _ = setup
+    corpus = str(root / "corpus.txt")
+    common = ["pretrain", "--data", corpus, "--tokenizer", "train:300", "--layers", "2", "--d-model", "32", "--heads",
+              "2", "--seq-len", "32", "--tokens", str(6 * 4 * 32), "--lr", "1e-2", "--warmup", "2", "--eval-every", "3",
+              "--eval-batches", "2", "--save-every", "3", "--precision", "fp32", "--device", "cpu", "--sample-tokens", "2"]
+    assert main([*common, "--batch-size", "4", "--out", str(root / "pt-one")]) == 0
+    proc = run(preproj_cmd(*common, "--batch-size", "2", "--out", str(root / "pt-two")))
+    assert proc.stdout.count("summary:") == 1
+    one, two = log_of(root / "pt-one"), log_of(root / "pt-two")
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [0, 1, 2, 3, 4, 5, 6]
+    for a, b in zip(one, two):
+        for key in ("loss", "heldout_loss"):
+            assert (key in a) == (key in b) and abs(a.get(key, 0) - b.get(key, 0)) <= 1e-5, (a, b)
+    wa, wb = load_file(root / "pt-one" / "model.safetensors"), load_file(root / "pt-two" / "model.safetensors")
+    assert set(wa) == set(wb) and all(torch.allclose(wa[k], wb[k], rtol=0, atol=1e-5) for k in wa)
+    assert adapter_of(root / "pt-one" / "adapter").keys() == adapter_of(root / "pt-two" / "adapter").keys()
