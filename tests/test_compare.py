@@ -8,6 +8,7 @@ import pytest
 import transformers
 
 from preproj import compare
+from preproj.cli import main
 from preproj.compare import CompareArgs, agreement_paragraph, run_compare
 
 from conftest import data_dir
@@ -107,3 +108,17 @@ def test_learning_rates_are_swept_per_method_and_seeds_go_where_asked(tmp_path, 
     with pytest.raises(ValueError, match="reported WikiText-2 test"):
         monkeypatch.setitem(compare.PRESETS["cpu"], "train", {**small, "data": "wikitext2"})
         run_compare(args, progress=False)
+    # `preproj paired` reproduces compare's own comparison from the files alone (every seed of DIR:METHOD) ...
+    monkeypatch.setitem(compare.PRESETS["cpu"], "train", small)
+    out = tmp_path / "cmp"
+    assert main(["paired", f"{out}:base", f"{out}:skip", "--out", str(tmp_path / "p.json")]) == 0
+    ours = {p["metric"]: p for p in json.loads((tmp_path / "p.json").read_text())["paired"]}
+    theirs = {p["metric"]: p for p in report["paired"] if p["method"] == "skip" and p["reference"] == "base"}
+    assert set(ours) == set(theirs)
+    for metric, p in ours.items():
+        assert (p["effect"], p["low"], p["high"], list(p["seeds"])) == (
+            theirs[metric]["effect"], theirs[metric]["low"], theirs[metric]["high"], list(theirs[metric]["seeds"]))
+    # ... and takes single items files too; a missing method says what it looked for.
+    one = out / "skip-seed42" / "items.lambada.jsonl"
+    assert main(["paired", str(out / "base-seed42" / "items.lambada.jsonl"), str(one)]) == 0
+    assert main(["paired", f"{out}:base", f"{out}:nothing"]) == 2

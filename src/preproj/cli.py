@@ -199,6 +199,28 @@ def _scaling(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _paired(ns: argparse.Namespace) -> int:
+    from .compare import item_files, paired_between
+    from .stats import describe
+
+    a, b = item_files(ns.a), item_files(ns.b)
+    found = paired_between(a, b, ns.protocol)
+    if not found:
+        raise ValueError(f"{ns.a} and {ns.b} share no task scored on the same items under the {ns.protocol} protocol.")
+    print(f"{ns.b} against {ns.a}: B - A, 95% interval over items"
+          + (" and seeds" if any(max(p.seeds) > 1 for p in found) else "") + ", verdict for B")
+    for p in found:
+        print(f"  {p.metric:<26} A {p.a:.4f}  B {p.b:.4f}  {describe(p, 4)}  (seeds {p.seeds[0]}/{p.seeds[1]}, "
+              f"{p.items} items)")
+    if ns.out:
+        write_json(ns.out, {"a": ns.a, "b": ns.b, "protocol": ns.protocol, "paired": [p.to_dict() for p in found]})
+    better = sum(p.verdict == "better" for p in found)
+    worse = sum(p.verdict == "worse" for p in found)
+    print(f"summary: B better on {better}, worse on {worse}, no detectable difference on {len(found) - better - worse} "
+          f"of {len(found)} metrics")
+    return 0
+
+
 def _torchrun(nproc: int, argv: list[str]) -> int:
     """`preproj train --nproc N ...` is `torchrun --standalone --nproc-per-node N -m preproj train ...`."""
     import subprocess
@@ -267,6 +289,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="Train and evaluate every method under one budget; report, table and plots.")
     _add_dataclass_args(p, CompareArgs)
     p.set_defaults(run=_compare)
+
+    p = sub.add_parser("paired", help="Compare two sets of per-item results after the fact: paired differences.")
+    p.add_argument("a", help="A: an items file (preproj eval --items), or DIR:METHOD (every seed of METHOD in a "
+                             "preproj compare directory).")
+    p.add_argument("b", help="B: the same forms; B is compared against A.")
+    p.add_argument("--protocol", default="harness", choices=("harness", "paper"),
+                   help="The protocol both were evaluated under (it picks the metrics). (default: harness)")
+    p.add_argument("--out", default=None, help="Also write the comparisons as JSON to this path.")
+    p.set_defaults(run=_paired)
 
     p = sub.add_parser("harness", help="Run any lm-evaluation-harness task on a (possibly adapted) model (needs lm-eval).")
     p.add_argument("--model", default="smollm2-135m", help="Embedded name, hub id or local directory.")

@@ -22,7 +22,7 @@ from .methods import METHODS
 from .precision import precision as as_precision
 from .precision import resolve_device
 from .training import TrainArgs, train
-from .stats import accuracy, describe, paired_bootstrap, perplexity, ratio_of_sums, t_interval
+from .stats import Paired, accuracy, describe, paired_bootstrap, perplexity, ratio_of_sums, t_interval
 from .validation import check_args
 
 ALL_METHODS = tuple(METHODS)
@@ -254,31 +254,68 @@ PAIRED = {
 }
 
 
+def item_values(files: list[Path], task: str, value_of) -> np.ndarray | None:
+    """(seeds, items, ...) values of `task` from per-item files, one file per seed; None when a file lacks the task
+    or the seeds were scored on different items."""
+    rows = []
+    for path in files:
+        records = sorted(read_items(path).get(task, []), key=lambda x: x["index"])
+        if not records:
+            return None
+        rows.append(([x["index"] for x in records], [value_of(x) for x in records]))
+    if not rows or any(idx != rows[0][0] for idx, _ in rows):
+        return None
+    return np.array([v for _, v in rows], dtype=np.float64)
+
+
+def paired_between(a: dict[str, list[Path]], b: dict[str, list[Path]], protocol: str) -> list[Paired]:
+    """B against A on every paired metric both have: a and b map task -> per-seed item files."""
+    found = []
+    for task, metric, value_of, statistic, higher in PAIRED[protocol]:
+        va = item_values(a.get(task, []), task, value_of)
+        vb = item_values(b.get(task, []), task, value_of)
+        if va is None or vb is None or va.shape[1:] != vb.shape[1:]:
+            continue
+        found.append(paired_bootstrap(va, vb, statistic, metric=f"{task}.{metric}", higher_is_better=higher))
+    return found
+
+
+def _run_files(out: Path, runs: list[dict], method: str) -> dict[str, list[Path]]:
+    dirs = [out / r.get("run_dir", f"{method}-seed{r['seed']}") for r in runs if r["method"] == method]
+    return {t: [d / f"items.{t}.jsonl" for d in dirs if (d / f"items.{t}.jsonl").is_file()]
+            for t in ("lambada", "hellaswag", "arc_easy", "wikitext")}
+
+
 def paired_comparisons(runs: list[dict], methods: list[str], protocol: str, out: Path) -> list[dict]:
     """Every trained method against the base and against lora, metric by metric, paired over items
     (and seeds): effect, 95% interval, verdict and the smallest detectable effect (stats.py)."""
-    def values(method: str, task: str, value_of) -> np.ndarray | None:
-        rows = []
-        for run in (r for r in runs if r["method"] == method):
-            path = out / run.get("run_dir", f"{method}-seed{run['seed']}") / f"items.{task}.jsonl"
-            if not path.is_file():
-                return None  # a run from before per-item records: no paired comparison for it
-            records = sorted(read_items(path)[task], key=lambda x: x["index"])
-            rows.append(([x["index"] for x in records], [value_of(x) for x in records]))
-        if not rows or any(idx != rows[0][0] for idx, _ in rows):
-            return None
-        return np.array([v for _, v in rows], dtype=np.float64)
-
     pairs = [(m, ref) for ref in ("base", "lora") if ref in methods for m in methods if m not in ("base", ref)]
     found = []
     for method, reference in pairs:
-        for task, metric, value_of, statistic, higher in PAIRED[protocol]:
-            a, b = values(reference, task, value_of), values(method, task, value_of)
-            if a is None or b is None or a.shape[1:] != b.shape[1:]:
-                continue
-            p = paired_bootstrap(a, b, statistic, metric=f"{task}.{metric}", higher_is_better=higher)
-            found.append({"method": method, "reference": reference, **p.to_dict(), "text": describe(p, _digits(metric))})
+        a, b = _run_files(out, runs, reference), _run_files(out, runs, method)
+        for task in a:  # a run from before per-item records has no file: no paired comparison for it
+            if len(a[task]) != sum(r["method"] == reference for r in runs) or \
+                    len(b[task]) != sum(r["method"] == method for r in runs):
+                a[task] = b[task] = []
+        for p in paired_between(a, b, protocol):
+            found.append({"method": method, "reference": reference, **p.to_dict(), "text": describe(p, _digits(p.metric))})
     return found
+
+
+def item_files(spec: str) -> dict[str, list[Path]]:
+    """task -> per-seed item files for `preproj paired`: an `eval --items` file, or DIR:METHOD for every seed of
+    METHOD in a `preproj compare` directory (DIR/METHOD-seed*/items.TASK.jsonl)."""
+    path, _, method = spec.partition(":")
+    if not method:
+        if not Path(path).is_file():
+            raise ValueError(f"{spec!r} is neither an items file (preproj eval --items) nor DIR:METHOD of a compare run.")
+        return {task: [Path(path)] for task in read_items(path)}
+    dirs = sorted(Path(path).glob(f"{method}-seed*"))
+    files = {t: [d / f"items.{t}.jsonl" for d in dirs if (d / f"items.{t}.jsonl").is_file()]
+             for t in ("lambada", "hellaswag", "arc_easy", "wikitext")}
+    if not any(files.values()):
+        raise ValueError(f"No per-item records of {method!r} in {path} (expected {path}/{method}-seed*/items.TASK.jsonl).")
+    return {t: f for t, f in files.items() if f}
 
 
 def _digits(metric: str) -> int:
