@@ -121,4 +121,8 @@ def test_learning_rates_are_swept_per_method_and_seeds_go_where_asked(tmp_path, 
     # ... and takes single items files too; a missing method says what it looked for.
     one = out / "skip-seed42" / "items.lambada.jsonl"
     assert main(["paired", str(out / "base-seed42" / "items.lambada.jsonl"), str(one)]) == 0
+    both = ",".join(str(out / f"skip-seed{s}" / "items.lambada.jsonl") for s in (42, 43))
+    assert main(["paired", f"{out}:base", both, "--out", str(tmp_path / "q.json")]) == 0
+    q = json.loads((tmp_path / "q.json").read_text())["paired"]
+    assert [p["metric"] for p in q] == ["lambada.acc"] and q[0]["effect"] == ours["lambada.acc"]["effect"]
     assert main(["paired", f"{out}:base", f"{out}:nothing"]) == 2

@@ -291,8 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_compare)
 
     p = sub.add_parser("paired", help="Compare two sets of per-item results after the fact: paired differences.")
-    p.add_argument("a", help="A: an items file (preproj eval --items), or DIR:METHOD (every seed of METHOD in a "
-                             "preproj compare directory).")
+    p.add_argument("a", help="A: items files of `preproj eval --items`, comma-separated, one per seed; or DIR:METHOD "
+                             "(every seed of METHOD in a preproj compare directory).")
     p.add_argument("b", help="B: the same forms; B is compared against A.")
     p.add_argument("--protocol", default="harness", choices=("harness", "paper"),
                    help="The protocol both were evaluated under (it picks the metrics). (default: harness)")

@@ -303,13 +303,19 @@ def paired_comparisons(runs: list[dict], methods: list[str], protocol: str, out:
 
 
 def item_files(spec: str) -> dict[str, list[Path]]:
-    """task -> per-seed item files for `preproj paired`: an `eval --items` file, or DIR:METHOD for every seed of
-    METHOD in a `preproj compare` directory (DIR/METHOD-seed*/items.TASK.jsonl)."""
+    """task -> per-seed item files for `preproj paired`: `eval --items` files (comma-separated, one per seed), or
+    DIR:METHOD for every seed of METHOD in a `preproj compare` directory (DIR/METHOD-seed*/items.TASK.jsonl)."""
     path, _, method = spec.partition(":")
     if not method:
-        if not Path(path).is_file():
-            raise ValueError(f"{spec!r} is neither an items file (preproj eval --items) nor DIR:METHOD of a compare run.")
-        return {task: [Path(path)] for task in read_items(path)}
+        paths = [Path(x) for x in path.split(",") if x]
+        missing = [str(x) for x in paths if not x.is_file()]
+        if missing or not paths:
+            raise ValueError(f"{missing or spec!r}: not items files (preproj eval --items), nor DIR:METHOD of a compare run.")
+        files: dict[str, list[Path]] = {}
+        for x in paths:
+            for task in read_items(x):
+                files.setdefault(task, []).append(x)
+        return {t: f for t, f in files.items() if len(f) == len(paths)}
     dirs = sorted(Path(path).glob(f"{method}-seed*"))
     files = {t: [d / f"items.{t}.jsonl" for d in dirs if (d / f"items.{t}.jsonl").is_file()]
              for t in ("lambada", "hellaswag", "arc_easy", "wikitext")}
