@@ -73,7 +73,7 @@ PRESETS = {
         "train": dict(data="wikitext2-train", packing="pack", seq_len=256, batch_size=4, grad_accum=1, steps=256, lr=3e-4,
                       warmup=16, eval_every=64, eval_batches=8, save_every=32),
         "eval": dict(protocol="harness", limits={}, max_length=2048),
-        "lr_sweep": "1e-4,3e-4,1e-3", "sweep_steps": 64, "seeds": 3, "seeded_methods": "preproj+skip,lora,skip",
+        "lr_sweep": "1e-4,3e-4,1e-3,3e-3", "sweep_steps": 64, "seeds": 3, "seeded_methods": "preproj+skip,lora,skip",
     },
     # The paper's exact protocol (PAPER.md §2) on whatever device is present: 4 x 4 x 512 tokens per
     # step; several processes split the 4 sequences of each micro-batch between them.
@@ -104,7 +104,7 @@ class CompareArgs:
     (PAPER.md §2, for a GPU)."""
     lr_sweep: str | None = None
     """Comma-separated peak learning rates; each method trains at the one with the lowest held-out loss on the
-    training data's validation text after --sweep-steps. Default: the preset's (study: 1e-4,3e-4,1e-3); 'none': --lr."""
+    training data's validation text after --sweep-steps. Default: the preset's (study: 1e-4,3e-4,1e-3,3e-3); 'none': --lr."""
     sweep_steps: int | None = None
     """Training steps of each sweep run (default: the preset's, else a quarter of the training steps)."""
     steps: int | None = None
