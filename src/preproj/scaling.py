@@ -33,8 +33,8 @@ class ScalingArgs:
 
     out: str = "runs/scaling"
     """Output directory: one pretrain run per size/variant/seed, report.md, results.json, plots."""
-    sizes: str = "4x128,6x192"
-    """Model sizes, LAYERSxD_MODEL, comma-separated; heads = d_model / 32."""
+    sizes: str = "2x96,4x128"
+    """Model sizes, LAYERSxD_MODEL, comma-separated; heads = d_model / 32 (the default is the CPU study's)."""
     variants: str = "preproj+skip,base@params,base@flops,base,skip"
     """preproj+skip, preproj, skip, base (plain, same shape), base@params and base@flops (plain, MLP widened to
     preproj+skip's parameters or training FLOPs per token)."""
