@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from . import distributed as ddist
-from .evaluation import evaluate, read_items
+from .evaluation import TASKS, evaluate, read_items
 from .files import write_json
 from .methods import METHODS
 from .precision import precision as as_precision
@@ -280,10 +280,13 @@ def paired_between(a: dict[str, list[Path]], b: dict[str, list[Path]], protocol:
     return found
 
 
+def _items_in(dirs: list[Path]) -> dict[str, list[Path]]:
+    """task -> the per-item files that compare's run directories hold for it (DIR/items.TASK.jsonl)."""
+    return {t: [d / f"items.{t}.jsonl" for d in dirs if (d / f"items.{t}.jsonl").is_file()] for t in TASKS}
+
+
 def _run_files(out: Path, runs: list[dict], method: str) -> dict[str, list[Path]]:
-    dirs = [out / r.get("run_dir", f"{method}-seed{r['seed']}") for r in runs if r["method"] == method]
-    return {t: [d / f"items.{t}.jsonl" for d in dirs if (d / f"items.{t}.jsonl").is_file()]
-            for t in ("lambada", "hellaswag", "arc_easy", "wikitext")}
+    return _items_in([out / r.get("run_dir", f"{method}-seed{r['seed']}") for r in runs if r["method"] == method])
 
 
 def paired_comparisons(runs: list[dict], methods: list[str], protocol: str, out: Path) -> list[dict]:
@@ -316,9 +319,7 @@ def item_files(spec: str) -> dict[str, list[Path]]:
             for task in read_items(x):
                 files.setdefault(task, []).append(x)
         return {t: f for t, f in files.items() if len(f) == len(paths)}
-    dirs = sorted(Path(path).glob(f"{method}-seed*"))
-    files = {t: [d / f"items.{t}.jsonl" for d in dirs if (d / f"items.{t}.jsonl").is_file()]
-             for t in ("lambada", "hellaswag", "arc_easy", "wikitext")}
+    files = _items_in(sorted(Path(path).glob(f"{method}-seed*")))
     if not any(files.values()):
         raise ValueError(f"No per-item records of {method!r} in {path} (expected {path}/{method}-seed*/items.TASK.jsonl).")
     return {t: f for t, f in files.items() if f}

@@ -339,15 +339,14 @@ def run_task(score: LogLikelihood, task: str, protocol: str, limit: int | None, 
         if protocol == "harness":
             return wikitext_harness(score, take(datasets.wikitext_documents(data_dir)), items)
         return wikitext_paper(score, datasets.wikitext_rows("valid", data_dir), items)
-    if task == "hellaswag" and protocol == "paper":  # the author's first N, in the validation set's order
-        docs, source = datasets.hellaswag_in_order(data_dir)
-        docs = take(docs)
-        if notes is not None:
-            notes.append(source)
-        return _multiple_choice(score, docs, lambda d: d["raw_ctx"], lambda d: d["raw_endings"], task + " (paper)", True,
-                                items)
     if task in ("hellaswag", "hellaswag_full"):
-        docs = take(datasets.hellaswag(data_dir, full=task == "hellaswag_full"))
+        if task == "hellaswag" and protocol == "paper":  # the author's first N, in the validation set's order
+            docs, source = datasets.hellaswag_in_order(data_dir)
+            if notes is not None:
+                notes.append(source)
+        else:
+            docs = datasets.hellaswag(data_dir, full=task == "hellaswag_full")
+        docs = take(docs)
         if protocol == "harness":
             return _multiple_choice(score, docs, lambda d: d["query"], lambda d: d["choices"], task, False, items)
         return _multiple_choice(score, docs, lambda d: d["raw_ctx"], lambda d: d["raw_endings"], task + " (paper)", True,

@@ -88,13 +88,13 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = torch.fl
 
     `dtype` is a torch dtype, its name, or a precision word (the dtype that precision loads the base in);
     `device` is auto (CUDA when present, else the CPU), cpu, cuda, cuda:N or mps."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     device = resolve_device(device)
     path = _dequantised_checkpoint(name) if name in EMBEDDED else name
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype))
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = _tokenizer_at(path)
     except (OSError, ValueError) as e:
         said = f"(transformers said: {str(e).strip().splitlines()[0]})"
         if Path(name).is_dir():
@@ -109,10 +109,22 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = torch.fl
         ) from None
     if name in EMBEDDED:
         model.config._name_or_path = name
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
     model.to(device).eval()
     return model, tokenizer
+
+
+def load_tokenizer(name: str):
+    """The tokenizer alone of the embedded default, a hub id or a local directory, as load_model gives it."""
+    return _tokenizer_at(_dequantised_checkpoint(name) if name in EMBEDDED else name)
+
+
+def _tokenizer_at(path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -11,7 +11,7 @@ writes greedy samples. The result is an ordinary model directory: `load_model(OU
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -188,14 +188,9 @@ def make_tokenizer(spec: str, texts: list[str]):
         if not size.isdigit() or int(size) < 300:
             raise ValueError(f"--tokenizer train:N needs N >= 300 (256 bytes, the end token, some merges), got {spec!r}.")
         return train_tokenizer(texts, int(size))
-    from transformers import AutoTokenizer
+    from .loading import load_tokenizer
 
-    from .loading import EMBEDDED, _dequantised_checkpoint
-
-    tokenizer = AutoTokenizer.from_pretrained(_dequantised_checkpoint(spec) if spec in EMBEDDED else spec)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+    return load_tokenizer(spec)
 
 
 def build_model(shape: Shape, context: int, tokenizer, seed: int, precision: str = "fp32"):
@@ -216,14 +211,16 @@ def _check(args: PretrainArgs) -> None:
         raise ValueError("--match builds a plain baseline; use it with --method base.")
     if args.match_to not in MODES[1:]:
         raise ValueError(f"--match-to must be one of {', '.join(MODES[1:])}, got {args.match_to!r}.")
-    for name in ("layers", "d_model", "heads", "tokens"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
     if args.d_model % args.heads:
         raise ValueError(f"--d-model {args.d_model} is not a multiple of --heads {args.heads}.")
     kv = args.kv_heads or args.heads
-    if kv < 1 or args.heads % kv:
+    if args.heads % kv:
         raise ValueError(f"--kv-heads {kv} must divide --heads {args.heads}.")
+
+
+def shared_fields(source, cls) -> dict:
+    """The fields of arguments dataclass `cls` that `source` has too, with their values in `source`."""
+    return {f.name: getattr(source, f.name) for f in fields(cls) if hasattr(source, f.name)}
 
 
 def shape_of(args: PretrainArgs, vocab: int) -> Shape:
@@ -274,12 +271,8 @@ def pretrain(args: PretrainArgs, progress: bool = True) -> tuple[dict, nn.Module
     # --- fit: preproj train's loop, which attaches the method; every weight trains ---
     per_step = args.batch_size * args.seq_len * args.grad_accum * r.world_size
     steps = max(1, args.tokens // per_step)
-    targs = TrainArgs(model=str(out), method=args.method, out=str(out), data=args.data, data_dir=args.data_dir,
-                      steps=steps, batch_size=args.batch_size, grad_accum=args.grad_accum, seq_len=args.seq_len,
-                      lr=args.lr, warmup=min(args.warmup, steps - 1), weight_decay=args.weight_decay, seed=args.seed,
-                      precision=args.precision, device=args.device, strategy=args.strategy, report_to=args.report_to,
-                      eval_every=args.eval_every, eval_batches=args.eval_batches, save_every=args.save_every,
-                      resume=args.resume, train_base=True)
+    targs = TrainArgs(**{**shared_fields(args, TrainArgs), "model": str(out), "steps": steps,
+                          "warmup": min(args.warmup, steps - 1), "train_base": True})
     summary, model = train(targs, model=model, tokenizer=tokenizer, progress=progress)
 
     # --- validate: the whole held-out (and, for WikiText, test) text, greedy samples ---

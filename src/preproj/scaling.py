@@ -20,7 +20,8 @@ import torch
 from . import data as datasets
 from .files import atomic_write, write_json
 from .pretraining import (
-    PretrainArgs, Shape, build_model, count_params, make_tokenizer, pretrain, shape_of, train_flops_per_token,
+    PretrainArgs, Shape, build_model, count_params, make_tokenizer, pretrain, shape_of, shared_fields,
+    train_flops_per_token,
 )
 from .stats import describe, paired_t
 
@@ -90,12 +91,10 @@ def parse_variants(text: str) -> list[str]:
 def run_args(args: ScalingArgs, size: tuple[int, int], variant: str, seed: int) -> PretrainArgs:
     layers, d = size
     method, _, match = variant.partition("@")
-    return PretrainArgs(
-        out=str(Path(args.out) / f"{layers}x{d}" / variant / f"seed{seed}"), layers=layers, d_model=d, heads=d // 32,
-        method=method, match=match or None, data=args.data, data_dir=args.data_dir,
-        tokenizer=str(Path(args.out) / "tokenizer"), tokens=args.tokens, seq_len=args.seq_len,
-        batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, seed=seed, precision=args.precision,
-        device=args.device, eval_every=args.eval_every, save_every=args.eval_every, resume=True)
+    return PretrainArgs(**{
+        **shared_fields(args, PretrainArgs), "out": str(Path(args.out) / f"{layers}x{d}" / variant / f"seed{seed}"),
+        "layers": layers, "d_model": d, "heads": d // 32, "method": method, "match": match or None,
+        "tokenizer": str(Path(args.out) / "tokenizer"), "seed": seed, "save_every": args.eval_every, "resume": True})
 
 
 def _finished(out: Path) -> dict | None:
