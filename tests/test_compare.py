@@ -36,7 +36,7 @@ def test_compare_writes_table_results_and_plots(tmp_path, tiny_real_vocab_model,
                        data_dir=str(data_dir()), out=str(tmp_path / "cmp"))
     report = run_compare(args, progress=False)
     out = tmp_path / "cmp"
-    for name in ("report.md", "results.json", "skip_norms.png", "skip_norms.json", "training_curves.png"):
+    for name in ("report.md", "results.json", "skip_norms.png", "skip_norms.json", "training_curves.png", "paired.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     results = json.loads((out / "results.json").read_text())
     assert set(results["methods"]) == {"base", "preproj+skip", "lora"}
@@ -61,6 +61,14 @@ def test_compare_writes_table_results_and_plots(tmp_path, tiny_real_vocab_model,
     text = (out / "report.md").read_text()
     assert "training bf16-mixed, evaluation fp32" in text
     assert "| preproj+skip | 0.01M |" in text and "## Paired differences" in text and "Pythia-160M" in text and "## What agrees" in text
+    # every claim about two methods that were run, with a verdict from its paired entry; the depth claim from skip norms
+    claims = {(c["method"], c["reference"], c["metric"]): c for c in results["claims"]}
+    assert set(claims) == {(m, r, f"{t}.{metric}") for m, r in (("preproj+skip", "base"), ("preproj+skip", "lora"))
+                           for t, metric in (("lambada", "acc"), ("hellaswag", "acc_norm"), ("wikitext", "word_perplexity"))}
+    for key, c in claims.items():
+        p = next(x for x in results["paired"] if (x["method"], x["reference"], x["metric"]) == key)
+        assert (c["effect"], c["low"], c["high"]) == (p["effect"], p["low"], p["high"]) and c["verdict"] in text
+    assert results["depth"]["seeds"] == 1 and "## The paper's claims" in text and "last layer over the first" in text
     # A second run reuses every finished (method, seed) instead of training again.
     again = run_compare(args, progress=False)
     assert again["methods"]["lora"]["metrics"] == report["methods"]["lora"]["metrics"]

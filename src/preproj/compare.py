@@ -1,8 +1,8 @@
 """`preproj compare`: the paper's experiment on any model, every method under one budget, one report.
 
 Trains each method (seeds x methods), evaluates each with `preproj eval`, and writes report.md
-(a Table 2 with 95% intervals, the paper's numbers beneath), results.json, skip_norms.{png,json}
-and training_curves.png.
+(a Table 2 with 95% intervals, the paper's numbers beneath, paired differences and a verdict on each of
+the paper's claims), results.json, skip_norms.{png,json}, paired.png and training_curves.png.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from . import distributed as ddist
 from .evaluation import TASKS, evaluate, read_items
 from .files import write_json
 from .methods import METHODS
+from .paper import PAPER_SKIP_NORMS, PAPER_TABLE, check_claims, check_depth, claim_pairs, claims_table
 from .precision import precision as as_precision
 from .precision import resolve_device
 from .training import TrainArgs, train
@@ -26,21 +27,6 @@ from .stats import Paired, accuracy, describe, paired_bootstrap, perplexity, rat
 from .validation import check_args
 
 ALL_METHODS = tuple(METHODS)
-
-# PAPER.md §3 (Table 2) and §4 (Figure 2)
-PAPER_TABLE = {
-    "Pythia-160M": {"base": (None, 0.128, 0.326, 0.358, 78.4), "preproj": (17.7e6, 0.154, 0.318, 0.342, 73.0),
-                    "lora": (26.5e6, 0.126, 0.326, 0.346, 63.8), "preproj+lora": (21.2e6, 0.162, 0.324, 0.352, 60.8),
-                    "preproj+skip": (24.8e6, 0.180, 0.338, 0.348, 47.9)},
-    "Pythia-410M": {"base": (None, 0.466, 0.396, 0.436, 29.2), "preproj": (62.9e6, 0.470, 0.392, 0.452, 25.1),
-                    "lora": (94.4e6, 0.488, 0.400, 0.446, 17.7), "preproj+lora": (72.4e6, 0.470, 0.400, 0.450, 19.2),
-                    "preproj+skip": (88.1e6, 0.484, 0.398, 0.432, 17.0)},
-}
-PAPER_SKIP_NORMS = {
-    "Pythia-160M": [.1295, .1301, .1283, .1274, .1273, .1279, .1315, .1358, .1507, .1905, .2575, .2959],
-    "Pythia-410M": [.2017, .1982, .1973, .1958, .1945, .1927, .1887, .1883, .1893, .1888, .1887, .1911, .1928, .1949,
-                    .1948, .1983, .2048, .2070, .2117, .2153, .2399, .2573, .2785, .2825],
-}
 
 # (task, metric) per table column, by protocol
 COLUMNS = {
@@ -224,6 +210,8 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
     report = summarise(runs, methods, args, eval_cfg["protocol"], limits, time.monotonic() - start, train_args, seeds)
     report.update(sweep=sweep, precision=precision.name, eval_precision=eval_precision.name, device=str(device),
                   paired=paired_comparisons(runs, methods, eval_cfg["protocol"], out))
+    report.update(claims=check_claims(report["paired"], dict(COLUMNS[eval_cfg["protocol"]])),
+                  depth=check_depth([r["skip_norms"] for r in runs if r["method"] == "preproj+skip" and r["skip_norms"]]))
     if not r.is_main:
         return report
     write_json(out / "results.json", report)
@@ -231,6 +219,8 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
     write_json(out / "skip_norms.json", {"ours": norms, "paper": PAPER_SKIP_NORMS})
     plot_skip_norms(norms, out / "skip_norms.png", Path(args.model).name)
     plot_training_curves(runs, out / "training_curves.png")
+    if report["paired"]:
+        plot_paired(report["paired"], out / "paired.png")
     (out / "report.md").write_text(render_report(report))
     return report
 
@@ -290,9 +280,11 @@ def _run_files(out: Path, runs: list[dict], method: str) -> dict[str, list[Path]
 
 
 def paired_comparisons(runs: list[dict], methods: list[str], protocol: str, out: Path) -> list[dict]:
-    """Every trained method against the base and against lora, metric by metric, paired over items
-    (and seeds): effect, 95% interval, verdict and the smallest detectable effect (stats.py)."""
+    """Every trained method against the base and against lora, and the other pairs the paper's claims need
+    (paper.py), metric by metric, paired over items (and seeds): effect, 95% interval, verdict and the smallest
+    detectable effect (stats.py)."""
     pairs = [(m, ref) for ref in ("base", "lora") if ref in methods for m in methods if m not in ("base", ref)]
+    pairs += [pair for pair in claim_pairs(methods) if pair not in pairs]
     found = []
     for method, reference in pairs:
         a, b = _run_files(out, runs, reference), _run_files(out, runs, method)
@@ -436,6 +428,12 @@ def render_report(report: dict) -> str:
         for key in dict.fromkeys((p["method"], p["reference"]) for p in report["paired"]):
             cells = {p["metric"]: p["text"] for p in report["paired"] if (p["method"], p["reference"]) == key}
             lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells.get(m, "–") for m in metrics) + " |")
+    if report.get("claims") or report.get("depth"):
+        lines += ["", "## The paper's claims", "", "Each claim is one method against one reference, checked by the paired "
+                  "difference above: confirmed when its 95% interval lies on the paper's side of zero, refuted when it "
+                  "lies on the other side, otherwise not detectable at this budget (with the smallest effect the run "
+                  "could have detected). The depth claim uses a t interval over seeds.", ""]
+        lines += claims_table(report.get("claims", []), report.get("depth"), _digits)
     lines += ["", "## What agrees and what does not", "", agreement_paragraph(report), ""]
     return "\n".join(lines)
 
@@ -512,6 +510,33 @@ def plot_skip_norms(norms: dict[str, list[float]], path: Path, model_name: str) 
     ax.set_ylabel("||W_skip||_F")
     ax.set_title("Content-skip norms by depth")
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_paired(paired: list[dict], path: Path) -> None:
+    """One panel per metric: each (method, reference) pair's paired difference with its 95% interval."""
+    plt = _pyplot()
+    metrics = list(dict.fromkeys(p["metric"] for p in paired))
+    pairs = list(dict.fromkeys((p["method"], p["reference"]) for p in paired))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 0.35 * len(pairs) + 1.6), sharey=True)
+    for ax, metric in zip(np.atleast_1d(axes), metrics):
+        for y, pair in enumerate(pairs):
+            p = next((x for x in paired if (x["method"], x["reference"], x["metric"]) == (*pair, metric)), None)
+            if p is None:
+                continue
+            color = {"better": "tab:green", "worse": "tab:red"}.get(p["verdict"], "tab:gray")
+            ax.errorbar(p["effect"], y, xerr=[[p["effect"] - p["low"]], [p["high"] - p["effect"]]], fmt="o", ms=4,
+                        color=color, capsize=2)
+        ax.axvline(0, color="black", lw=0.8)
+        lower = "perplexity" in metric or "loss" in metric
+        ax.set_title(metric + (" (lower is better)" if lower else ""), fontsize=9)
+        ax.tick_params(labelsize=8)
+    axes = np.atleast_1d(axes)
+    axes[0].set_yticks(range(len(pairs)), [f"{m} − {r}" for m, r in pairs])
+    axes[0].invert_yaxis()
+    fig.suptitle("Paired differences, 95% intervals (green better, red worse, grey not detectable)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
