@@ -10,6 +10,7 @@ The tests marked `cuda` run where a GPU is (benchmarks/gpu_check.sh) and are ski
 from __future__ import annotations
 
 import ast
+import json
 import sys
 from pathlib import Path
 
@@ -39,8 +40,31 @@ def test_precision_words_mean_one_thing():
         assert not torch.is_autocast_enabled("cpu")
     with pytest.raises(ValueError, match="'bf16' alone is ambiguous"):
         precision("bf16")
-    with pytest.raises(ValueError, match="precision must be one of fp32, bf16-mixed, bf16-true, bf16-frozen"):
+    with pytest.raises(ValueError, match="precision must be auto or one of fp32, bf16-mixed, bf16-true, bf16-frozen"):
         precision("fp16")
+
+
+def test_auto_precision_is_bf16_autocast_only_where_bf16_matmuls_are_native(monkeypatch):
+    # A CPU without avx512_bf16 or AMX runs bf16 matmuls several times slower than fp32 (measured: benchmarks).
+    for avx512_bf16, amx, expected in ((False, False, "fp32"), (True, False, "bf16-mixed"), (False, True, "bf16-mixed")):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
+        assert precision("auto", "cpu").name == expected
+    assert precision("auto", "mps").name == "fp32"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert precision("auto", torch.device("cuda", 0)).name == "bf16-mixed"
+    assert precision("auto", "cpu").weights == torch.float32  # either way the base loads in float32
+
+
+def test_auto_is_resolved_once_and_recorded(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(f"line {i}: the quick brown fox jumps over the lazy dog {i * 7}" for i in range(50)))
+    summary, _ = train(TrainArgs(model="tiny", out=str(tmp_path / "run"), data=str(corpus), steps=1, batch_size=2,
+                                 seq_len=16, eval_batches=1, device="cpu"), tiny_model("llama"), CharTokenizer(), progress=False)
+    assert TrainArgs().precision == "auto" and summary["precision"] == "fp32"
+    assert json.loads((tmp_path / "run" / "train_config.json").read_text())["precision"] == "fp32"
 
 
 def test_device_specs_resolve_or_say_what_is_wrong(monkeypatch):

@@ -43,7 +43,7 @@ PRESETS = {
     # One precision trains every method; one evaluates every method, the base included (the two load the
     # base in the same dtype, so the base is exactly the model the methods were trained on).
     "cpu": {
-        "precision": "bf16-mixed",
+        "precision": "auto",
         "eval_precision": "fp32",
         "train": dict(data="wikitext2", packing="pack", seq_len=256, batch_size=4, grad_accum=1, steps=32, lr=3e-4,
                       warmup=4, eval_every=8, eval_batches=4, save_every=8),
@@ -52,10 +52,11 @@ PRESETS = {
     },
     # The CPU study (issue 10): clean splits (train on WikiText-2 train, pick learning rates on raw valid,
     # report on raw test and the full evaluation sets), 262,144 training tokens per run, 3 seeds for the
-    # methods that matter most. Hours on 2 cores; every run and sweep point resumes where it stopped.
+    # methods that matter most. Hours on 2 cores; every run and sweep point resumes where it stopped. fp32
+    # throughout, so that runs made in parts on different machines are alike.
     "study": {
-        "precision": "bf16-mixed",
-        "eval_precision": "bf16-mixed",
+        "precision": "fp32",
+        "eval_precision": "fp32",
         "train": dict(data="wikitext2-train", packing="pack", seq_len=256, batch_size=4, grad_accum=1, steps=256, lr=3e-4,
                       warmup=16, eval_every=64, eval_batches=8, save_every=32),
         "eval": dict(protocol="harness", limits={}, max_length=2048),
@@ -100,7 +101,8 @@ class CompareArgs:
     lr: float | None = None
     """Override the preset's peak learning rate."""
     precision: str | None = None
-    """Override the preset's training precision (fp32, bf16-mixed, bf16-true, bf16-frozen), the same for every method."""
+    """Override the preset's training precision (auto, fp32, bf16-mixed, bf16-true, bf16-frozen), the same for every
+    method."""
     eval_precision: str | None = None
     """Override the preset's evaluation precision, the same for every method and the base; it must load the base
     in the training precision's dtype."""
@@ -133,12 +135,12 @@ def run_compare(args: CompareArgs, progress: bool = True) -> dict:
     if args.preset not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {args.preset!r}.")
     preset = PRESETS[args.preset]
-    precision = as_precision(args.precision or preset["precision"])
-    eval_precision = as_precision(args.eval_precision or preset["eval_precision"])
+    device = resolve_device(args.device)
+    precision = as_precision(args.precision or preset["precision"], device)
+    eval_precision = as_precision(args.eval_precision or preset["eval_precision"], device)
     if eval_precision.weights != precision.weights:
         raise ValueError(f"eval precision {eval_precision.name} loads weights in {eval_precision.weights}, training "
                          f"precision {precision.name} in {precision.weights}: pick two that load the base alike.")
-    device = resolve_device(args.device)
     r = ddist.setup(device)
     if args.strategy == "fsdp" and r.enabled:
         raise ValueError("compare evaluates every method with the whole model on each process, which --strategy fsdp "
@@ -336,6 +338,7 @@ def sweep_learning_rates(args: CompareArgs, methods: list[str], train_args: dict
         raise ValueError(f"--lr-sweep needs learning rates > 0, got {lr_sweep!r}.")
     steps = args.sweep_steps or PRESETS[args.preset].get("sweep_steps") or max(1, train_args["steps"] // 4)
     loss: dict[str, dict[str, float]] = {}
+    trained_in: set[str] = set()
     for method in (m for m in methods if m != "base"):
         for lr in candidates:
             run_dir = out / f"{method}-lr{lr:g}"
@@ -348,8 +351,12 @@ def sweep_learning_rates(args: CompareArgs, methods: list[str], train_args: dict
                                      "precision": precision.name, "device": str(device), "strategy": args.strategy})
                 train(targs, model, tokenizer, progress=progress)
             loss.setdefault(method, {})[f"{lr:g}"] = json.loads((run_dir / "summary.json").read_text())["final_heldout_loss"]
+            trained_in.add(json.loads((run_dir / "train_config.json").read_text())["precision"])
     chosen = {m: float(min(by_lr, key=by_lr.get)) for m, by_lr in loss.items()}
-    sweep = {"candidates": candidates, "steps": steps, "heldout_loss": loss, "chosen": chosen}
+    # A point is reused whatever precision it was trained in (a study made in parts may span machines); the
+    # report says which.
+    sweep = {"candidates": candidates, "steps": steps, "heldout_loss": loss, "chosen": chosen,
+             "precisions": sorted(trained_in)}
     if ddist.ranks().is_main:
         write_json(out / "sweep.json", sweep)
     print("[compare] learning rates: " + ", ".join(f"{m} {lr:g}" for m, lr in chosen.items()), flush=True)
@@ -416,7 +423,7 @@ def render_report(report: dict) -> str:
         lrs = [f"{lr:g}" for lr in sweep["candidates"]]
         lines += ["", "## Learning rates", "", f"Each method's peak learning rate is the candidate with the lowest "
                   f"held-out loss after {sweep['steps']} steps (seed 42) on the training data's validation text, which "
-                  "is neither training text nor reported:", "",
+                  f"is neither training text nor reported (sweep trained in {', '.join(sweep.get('precisions', []))}):", "",
                   "| method | " + " | ".join(f"lr {lr}" for lr in lrs) + " | chosen |", "|---" * (len(lrs) + 2) + "|"]
         for method, by_lr in sweep["heldout_loss"].items():
             lines.append(f"| {method} | " + " | ".join(f"{by_lr[lr]:.4f}" for lr in lrs)

@@ -77,6 +77,8 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype:
         return dtype
     if dtype in PRECISIONS:
         return PRECISIONS[dtype].weights
+    if dtype == AUTO:  # bf16-mixed or fp32: both load the base in float32
+        return torch.float32
     table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype not in table:
         raise ValueError(f"Unknown dtype {dtype!r}; use a precision ({', '.join(PRECISIONS)}) or one of {sorted(table)}.")

@@ -5,6 +5,10 @@ dtype of the trainable adapter weights (the masters the optimizer updates), and 
 context every forward runs under. Each word means the same in `train`, `eval`, `compare`,
 `inspect` and the benchmark.
 
+The word 'auto' is bf16-mixed where bf16 matmuls are native (CUDA GPUs with bf16, CPUs with avx512_bf16
+or AMX) and fp32 elsewhere: a CPU without them runs bf16 matmuls several times slower than fp32. Both
+load the base in float32. Entry points resolve it once against their device and record the word used.
+
 A device spec is 'auto' (CUDA when present, else the CPU), 'cpu', 'cuda', 'cuda:N' or 'mps'.
 Under torchrun, 'auto' and 'cuda' mean this process's GPU, cuda:$LOCAL_RANK.
 """
@@ -55,14 +59,30 @@ PRECISIONS = {
 }
 
 
-def precision(name: str | Precision) -> Precision:
-    """The Precision named `name`; a clear error for anything else."""
+AUTO = "auto"
+
+
+def native_bf16(device: torch.device | str) -> bool:
+    """Whether `device` runs bf16 matmuls natively, so that bf16 autocast is faster than fp32 there."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return False
+
+
+def precision(name: str | Precision, device: torch.device | str | None = None) -> Precision:
+    """The Precision named `name` ('auto' resolved against `device`, by default the one 'auto' picks); a clear
+    error for anything else."""
     if isinstance(name, Precision):
         return name
+    if name == AUTO:
+        return PRECISIONS["bf16-mixed" if native_bf16(resolve_device() if device is None else device) else "fp32"]
     if name in PRECISIONS:
         return PRECISIONS[name]
     hint = " 'bf16' alone is ambiguous: use bf16-mixed (autocast) or bf16-true (pure bf16 weights)." if name == "bf16" else ""
-    raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {name!r}.{hint}")
+    raise ValueError(f"precision must be {AUTO} or one of {', '.join(PRECISIONS)}, got {name!r}.{hint}")
 
 
 def check_weights_dtype(model: torch.nn.Module, name: str | Precision) -> None:

@@ -77,8 +77,8 @@ class PretrainArgs:
     """AdamW weight decay."""
     seed: int = 0
     """Seed of the initialisation (base and modules) and of the data order."""
-    precision: str = "bf16-mixed"
-    """fp32, bf16-mixed, bf16-true or bf16-frozen, as for `preproj train`."""
+    precision: str = "auto"
+    """auto, fp32, bf16-mixed, bf16-true or bf16-frozen, as for `preproj train`."""
     device: str = "auto"
     """auto, cpu, cuda, cuda:N or mps."""
     strategy: str = "ddp"
@@ -239,6 +239,7 @@ def pretrain(args: PretrainArgs, progress: bool = True) -> tuple[dict, nn.Module
 
     _check(args)
     device = resolve_device(args.device)
+    args = replace(args, precision=as_precision(args.precision, device).name)
     r = ddist.setup(device)
     out = Path(args.out)
     data_dir = datasets.resolve_data_dir(args.data_dir)

@@ -12,7 +12,7 @@ import json
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -57,8 +57,8 @@ class ScalingArgs:
     """Peak learning rate, the same for every variant."""
     warmup: int = 20
     """Warmup steps."""
-    precision: str = "bf16-mixed"
-    """Precision of every run."""
+    precision: str = "auto"
+    """Precision of every run (auto: bf16-mixed where bf16 matmuls are native, else fp32)."""
     device: str = "auto"
     """auto, cpu, cuda, cuda:N or mps."""
     eval_every: int = 50
@@ -144,12 +144,14 @@ def step_time_share(shape: Shape, tokenizer, args: ScalingArgs, device: torch.de
 def run_scaling(args: ScalingArgs, progress: bool = True) -> dict:
     from transformers import AutoTokenizer
 
+    from .precision import precision as as_precision
     from .precision import resolve_device
 
     sizes, variants = parse_sizes(args.sizes), parse_variants(args.variants)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = resolve_device(args.device)
+    args = replace(args, precision=as_precision(args.precision, device).name)
     start = time.monotonic()
 
     # --- setup: one tokenizer for every run ---

@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -79,8 +79,9 @@ class TrainArgs:
     """Clip the global gradient norm to this (0 = no clipping)."""
     seed: int = 42
     """Seed of the adapter's initialisation and of the data order."""
-    precision: str = "bf16-mixed"
-    """fp32, bf16-mixed (bf16 autocast, fp32 weights and masters), bf16-true (pure bf16 as in the paper, with an
+    precision: str = "auto"
+    """auto (bf16-mixed where bf16 matmuls are native, else fp32), fp32, bf16-mixed (bf16 autocast, fp32 weights and
+    masters), bf16-true (pure bf16 as in the paper, with an
     audit of updates that rounding erased) or bf16-frozen (bf16 base, fp32 adapter masters, bf16 autocast)."""
     device: str = "auto"
     """auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps. Under torchrun, each process's own GPU."""
@@ -307,6 +308,7 @@ def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True) ->
     it is refused), and SIGINT or SIGTERM stop it after the current step with a checkpoint to resume."""
     _check_args(args)
     device = resolve_device(args.device)
+    args = replace(args, precision=as_precision(args.precision, device).name)  # 'auto' resolved once, and recorded
     r = ddist.setup(device)
     out = Path(args.out)
     with ddist.owned(out, "preproj train", device), _StopRequests() as stop, contextlib.ExitStack() as hold:
