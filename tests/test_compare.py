@@ -48,7 +48,9 @@ def test_compare_writes_table_results_and_plots(tmp_path, tiny_real_vocab_model,
     cell = results["methods"]["preproj+skip"]["metrics"]["lambada.acc"]
     assert cell["n_items"] == 4 and cell["ci95"] is not None
     assert len(json.loads((out / "skip_norms.json").read_text())["ours"]["preproj+skip"]) == n
-    assert (results["precision"], results["eval_precision"]) == ("bf16-mixed", "fp32")  # one each, for every method
+    # one each, for every method; preset cpu trains in 'auto', resolved for this machine and recorded
+    from preproj.precision import precision as as_precision
+    assert (results["precision"], results["eval_precision"]) == (as_precision("auto", "cpu").name, "fp32")
     # paired comparisons over the same items: every trained method against base, and against lora
     keys = {(p["method"], p["reference"], p["metric"]) for p in results["paired"]}
     for method, reference in (("preproj+skip", "base"), ("lora", "base"), ("preproj+skip", "lora")):
@@ -59,7 +61,7 @@ def test_compare_writes_table_results_and_plots(tmp_path, tiny_real_vocab_model,
         assert p["low"] <= p["effect"] <= p["high"] and p["items"] in (2, 4) and p["verdict"]
     assert (out / "preproj+skip-seed42" / "items.lambada.jsonl").is_file()
     text = (out / "report.md").read_text()
-    assert "training bf16-mixed, evaluation fp32" in text
+    assert f"training {results['precision']}, evaluation fp32" in text
     assert "| preproj+skip | 0.01M |" in text and "## Paired differences" in text and "Pythia-160M" in text and "## What agrees" in text
     # every claim about two methods that were run, with a verdict from its paired entry; the depth claim from skip norms
     claims = {(c["method"], c["reference"], c["metric"]): c for c in results["claims"]}
@@ -72,6 +74,14 @@ def test_compare_writes_table_results_and_plots(tmp_path, tiny_real_vocab_model,
     # A second run reuses every finished (method, seed) instead of training again.
     again = run_compare(args, progress=False)
     assert again["methods"]["lora"]["metrics"] == report["methods"]["lora"]["metrics"]
+    # An evaluation stopped part-way resumes at the task it was in: finished tasks are not scored again.
+    (out / "lora-seed42" / "result.json").unlink()
+    (out / "lora-seed42" / "eval.wikitext.json").unlink()
+    scored = []
+    real = compare.evaluate
+    monkeypatch.setattr(compare, "evaluate", lambda *a, **k: scored.append(a[2]) or real(*a, **k))
+    third = run_compare(args, progress=False)
+    assert scored == [["wikitext"]] and third["methods"]["lora"]["metrics"] == report["methods"]["lora"]["metrics"]
 
 
 def test_precisions_that_load_the_base_differently_are_refused(tmp_path):

@@ -55,6 +55,63 @@ def test_batched_scores_equal_one_at_a_time_full_logits(family):
         assert ll == pytest.approx(ref_ll, rel=1e-5, abs=1e-4) and greedy == ref_greedy
 
 
+def _groups(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(n):
+        return torch.randint(3, 90, (n,), generator=g).tolist()
+
+    return [(rnd(a), [rnd(b) for b in bs]) for a, bs in [(5, [3, 1, 4, 2]), (1, [1, 1]), (30, [7, 2, 5, 9]),
+                                                          (12, [12, 3]), (2, [20, 1, 1, 6]), (9, [4])]]
+
+
+def _same(a, b) -> bool:
+    return all(x[0] == pytest.approx(y[0], rel=1e-5, abs=1e-5) and x[1] == y[1] for x, y in zip(a, b, strict=True))
+
+
+def _packed_and_pairs(model, **kwargs):
+    groups = _groups()
+    packed = LogLikelihood(model, CharTokenizer(), batch_tokens=64, progress=False, **kwargs)
+    plain = LogLikelihood(model, CharTokenizer(), batch_tokens=64, progress=False, max_length=kwargs.get("max_length"))
+    return packed, packed.choices(groups), plain([(ctx, cont) for ctx, conts in groups for cont in conts])
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_choices_score_as_the_pairs_do(family, attn):
+    model = tiny_model(family)
+    if attn == "eager":
+        model.set_attn_implementation("eager")
+    elif model.config._attn_implementation != "sdpa":
+        pytest.skip(f"{family} has no sdpa attention")
+    score, packed, pairs = _packed_and_pairs(model)
+    assert score.pack_checked is True and _same(packed, pairs)  # packing was used, not fallen back from
+
+
+def test_packed_choices_of_an_adapted_model_and_of_truncated_or_alibi_models_still_score_as_pairs():
+    import transformers
+
+    from preproj import PreProjConfig, attach
+    from test_attach import set_adapter
+
+    from conftest import VOCAB
+
+    model = attach(tiny_model("llama"), PreProjConfig(mode="preproj+skip"))
+    set_adapter(model, "random")
+    score, packed, pairs = _packed_and_pairs(model)
+    assert score.pack_checked and _same(packed, pairs)
+    # A group longer than max_length is left-truncated per choice, as the harness does: scored as pairs.
+    score, packed, pairs = _packed_and_pairs(tiny_model("llama"), max_length=24)
+    assert _same(packed, pairs)
+    # BLOOM's ALiBi ignores position ids: packing is checked, found to disagree, and not used.
+    torch.manual_seed(0)
+    bloom = transformers.AutoModelForCausalLM.from_config(transformers.BloomConfig(vocab_size=VOCAB, hidden_size=64,
+                                                                                   n_layer=2, n_head=4)).eval()
+    score, packed, pairs = _packed_and_pairs(bloom)
+    assert score.pack_checked is False and packed == pairs
+    score, packed, pairs = _packed_and_pairs(tiny_model("llama"), pack=False)
+    assert score.pack_checked is None and packed == pairs
+
+
 def test_greedy_flag_is_true_when_the_continuation_is_the_argmax():
     model = tiny_model("llama")
     ctx = [5, 6, 7]

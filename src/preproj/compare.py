@@ -191,10 +191,20 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
             train_seconds = time.monotonic() - t0
             tasks = {}
             for task, limit in ({t: limits.get(t) for t in ("lambada", "hellaswag", "arc_easy", "wikitext")}).items():
+                # Each finished task is kept, so an evaluation stopped part-way resumes at the task it was in.
+                done_task, items = run_dir / f"eval.{task}.json", run_dir / f"items.{task}.jsonl"
+                setting = {"protocol": eval_cfg["protocol"], "limit": limit, "max_length": eval_cfg["max_length"],
+                           "precision": eval_precision.name}
+                kept = json.loads(done_task.read_text()) if done_task.is_file() and items.is_file() else {}
+                if kept.get("setting") == setting:
+                    tasks[task] = kept["result"]
+                    continue
                 res = evaluate(model, tokenizer, [task], protocol=eval_cfg["protocol"], limit=limit, data_dir=args.data_dir,
                                max_length=eval_cfg["max_length"], precision=eval_precision.name, progress=progress,
-                               items_out=run_dir / f"items.{task}.jsonl")
+                               items_out=items)
                 tasks[task] = res["tasks"][task]
+                if r.is_main:
+                    write_json(done_task, {"setting": setting, "result": tasks[task]})
             result = {"method": method, "seed": seed, "tasks": tasks, "run_dir": run_dir.name,
                       "lr": targs.lr if summary else None,
                       "trainable_params": summary["trainable_params"] if summary else 0,

@@ -6,7 +6,10 @@ rolling windows for perplexity. protocol "paper": the definitions of PAPER.md §
 
 All scoring goes through one batched log-likelihood routine. It runs the decoder once per batch and
 applies the LM head only at the positions that are scored, in chunks, so no (B, T, vocab) tensor of
-logits is ever built.
+logits is ever built. The choices of a multiple-choice item share their context, so they are packed
+into one row: the context once, then each choice attending to the context and to itself only, at the
+positions it would have on its own (a 4D mask and position ids). Packing is checked against unpacked
+scoring on the first item of each call and is turned off for a model where the two disagree.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ PAPER_LIMIT = 500  # PAPER.md §2: the first 500 items of each task
 PAPER_MAX_TOKENS = 512
 PAPER_WIKITEXT_ROWS, PAPER_MIN_CHARS, PAPER_MIN_TOKENS = 300, 50, 10  # the author's perplexity rule, PAPER.md §2
 HEAD_CHUNK = 2048  # positions per LM-head chunk
+PACK_CHECK_NATS = 1e-2  # per scored token: far above rounding, far below what a mask or position error does
 
 
 @dataclass
@@ -75,11 +79,21 @@ class EvalArgs:
 
 # --- scoring -------------------------------------------------------------------------------------
 
+@dataclass
+class _Row:
+    """One row of a forward batch: its input ids, and the results it scores as (result index, the columns whose
+    logits predict the targets, target ids). A packed row also has its position ids."""
+
+    ids: list[int]
+    positions: list[int] | None
+    targets: list[tuple[int, list[int], list[int]]]
+
+
 class LogLikelihood:
     """Batched log P(continuation | context) for token-id pairs, as the harness's HFLM computes it."""
 
     def __init__(self, model: nn.Module, tokenizer, *, max_length: int | None = None, batch_tokens: int = 1024,
-                 precision: str = "fp32", progress: bool = True):
+                 precision: str = "fp32", progress: bool = True, pack: bool = True):
         self.model, self.tokenizer = model, tokenizer
         self.max_length = max_length or model_max_length(model, tokenizer)
         self.batch_tokens, self.progress = batch_tokens, progress
@@ -90,6 +104,8 @@ class LogLikelihood:
         self.fast = parts is not None
         self.body, self.head = parts or (None, None)
         self.prefix_token_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        self.pack = pack
+        self.pack_checked: bool | None = None  # whether packed and unpacked scores agree on this model; None: not yet
 
     def encode(self, text: str) -> list[int]:
         """Token ids without special tokens, as the harness's HFLM encodes for causal models."""
@@ -126,54 +142,108 @@ class LogLikelihood:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    @torch.no_grad()
     def __call__(self, pairs: list[tuple[list[int], list[int]]], desc: str = "scoring") -> list[tuple[float, bool]]:
         """(sum of log-probs, all tokens greedy) for each (context ids, continuation ids) pair."""
-        inputs = []
-        for ctx, cont in pairs:
-            if not 0 < len(cont) <= self.max_length:
-                raise ValueError(f"A continuation of {len(cont)} tokens cannot be scored with max_length {self.max_length}.")
-            inputs.append(((ctx + cont)[-(self.max_length + 1):][:-1], cont))  # left-truncated, as the harness
-        order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i][0]))  # longest first, as the harness
+        return self._score([self._plain_row(i, ctx, cont) for i, (ctx, cont) in enumerate(pairs)], len(pairs), desc)
+
+    def choices(self, groups: list[tuple[list[int], list[list[int]]]], desc: str = "scoring") -> list[tuple[float, bool]]:
+        """(sum of log-probs, all tokens greedy) for every choice of every (context ids, [choice ids, ...]) group,
+        flattened in order: the same numbers as __call__ on the (context, choice) pairs, with each context run
+        once. Groups that would be truncated are scored as pairs."""
+        pairs = [(ctx, cont) for ctx, conts in groups for cont in conts]
+        if self.pack and groups and self.pack_checked is None:
+            self.pack_checked = self._packing_agrees(groups[0])
+        rows, start = [], 0
+        for ctx, conts in groups:
+            fits = all(len(ctx) + len(c) <= self.max_length + 1 for c in conts)  # no left truncation
+            if self.pack and self.pack_checked and fits and len(conts) > 1:
+                rows.append(self._packed_row(start, ctx, conts))
+            else:
+                rows += [self._plain_row(start + j, ctx, c) for j, c in enumerate(conts)]
+            start += len(conts)
+        return self._score(rows, len(pairs), desc)
+
+    def _plain_row(self, index: int, ctx: list[int], cont: list[int]) -> _Row:
+        if not 0 < len(cont) <= self.max_length:
+            raise ValueError(f"A continuation of {len(cont)} tokens cannot be scored with max_length {self.max_length}.")
+        inp = (ctx + cont)[-(self.max_length + 1):][:-1]  # left-truncated, as the harness
+        first = len(inp) - len(cont)  # position whose logits predict cont[0]
+        return _Row(inp, None, [(index, list(range(first, len(inp))), cont)])
+
+    @staticmethod
+    def _packed_row(index: int, ctx: list[int], conts: list[list[int]]) -> _Row:
+        """ctx + each choice but its last token; choice i is predicted from the context's last position, then
+        from its own tokens, which sit at the positions they would have after the context alone."""
+        ids, positions, targets = list(ctx), list(range(len(ctx))), []
+        for i, cont in enumerate(conts):
+            start = len(ids)
+            ids += cont[:-1]
+            positions += range(len(ctx), len(ctx) + len(cont) - 1)
+            targets.append((index + i, [len(ctx) - 1] + list(range(start, start + len(cont) - 1)), cont))
+        return _Row(ids, positions, targets)
+
+    def _packing_agrees(self, group: tuple[list[int], list[list[int]]]) -> bool:
+        """Whether this model scores a packed group as it scores its pairs (it must honour 4D masks and position ids)."""
+        ctx, conts = group
+        if len(conts) < 2 or any(len(ctx) + len(c) > self.max_length + 1 for c in conts):
+            return True  # nothing to compare yet; the group is scored as pairs anyway
+        try:
+            packed = self._score_batch([self._packed_row(0, ctx, conts)], len(conts))
+        except (TypeError, ValueError, RuntimeError):  # a forward that takes no 4D mask or position ids
+            return False
+        plain = self._score_batch([self._plain_row(i, ctx, c) for i, c in enumerate(conts)], len(conts))
+        return all(abs(a[0] - b[0]) <= PACK_CHECK_NATS * len(c) and a[1] == b[1] for a, b, c in zip(packed, plain, conts))
+
+    @torch.no_grad()
+    def _score(self, rows: list[_Row], n_results: int, desc: str) -> list[tuple[float, bool]]:
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i].ids))  # longest first, as the harness
         batches, start = [], 0
         while start < len(order):
-            rows = max(1, self.batch_tokens // len(inputs[order[start]][0]))
-            batches.append(order[start : start + rows])
-            start += rows
+            count = max(1, self.batch_tokens // len(rows[order[start]].ids))
+            batches.append([rows[i] for i in order[start : start + count]])
+            start += count
         # Several processes: batch k goes to process k mod N. Every item is scored in the very batch one
         # process would put it in, so the gathered results are that process's, bit for bit.
         r = ddist.ranks()
         mine = batches[r.rank :: r.world_size]
         scored = []
-        bar = tqdm(total=sum(map(len, mine)), desc=desc, disable=not (self.progress and r.is_main), leave=False)
+        bar = tqdm(total=sum(len(t.targets) for b in mine for t in b), desc=desc, disable=not (self.progress and r.is_main),
+                   leave=False)
         for batch in mine:
-            scored += zip(batch, self._score_batch([inputs[i] for i in batch]))
-            bar.update(len(batch))
+            indices = [i for row in batch for i, _, _ in row.targets]
+            local = {i: k for k, i in enumerate(indices)}
+            batch = [_Row(row.ids, row.positions, [(local[i], c, t) for i, c, t in row.targets]) for row in batch]
+            scored += zip(indices, self._score_batch(batch, len(indices)))
+            bar.update(len(indices))
         bar.close()
-        results: list[tuple[float, bool] | None] = [None] * len(inputs)
+        results: list[tuple[float, bool] | None] = [None] * n_results
         for part in ddist.gather_objects(scored):
             for i, value in part:
                 results[i] = value
         return results
 
-    def _score_batch(self, batch: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+    @torch.no_grad()
+    def _score_batch(self, batch: list[_Row], n_results: int) -> list[tuple[float, bool]]:
+        """Scores of results 0..n_results-1, which the rows' targets name."""
         device = self.device
-        width = max(len(inp) for inp, _ in batch)
-        padded = [inp + [0] * (width - len(inp)) for inp, _ in batch]  # right-padded: causal, so no mask
-        rows, cols, targets = [], [], []
-        for b, (inp, cont) in enumerate(batch):
-            first = len(inp) - len(cont)  # position whose logits predict cont[0]
-            rows += [b] * len(cont)
-            cols += range(first, len(inp))
-            targets += cont
+        width = max(len(row.ids) for row in batch)
+        padded = [row.ids + [0] * (width - len(row.ids)) for row in batch]  # right-padded: causal, so no mask
+        owner, rows, cols, targets = [], [], [], []
+        for b, row in enumerate(batch):
+            for index, columns, cont in row.targets:
+                owner += [index] * len(cont)
+                rows += [b] * len(cont)
+                cols += columns
+                targets += cont
         ids = torch.tensor(padded, device=device)  # (B, T)
+        extra = self._packing_inputs(batch, width, device) if any(row.positions for row in batch) else {}
         rows_t, cols_t = torch.tensor(rows, device=device), torch.tensor(cols, device=device)
-        target_t = torch.tensor(targets, device=device)
+        owner_t, target_t = torch.tensor(owner, device=device), torch.tensor(targets, device=device)
         with self.precision.autocast_context(device):
             if self.fast:
-                scored = self.body(input_ids=ids).last_hidden_state[rows_t, cols_t]  # (N, d)
+                scored = self.body(input_ids=ids, **extra).last_hidden_state[rows_t, cols_t]  # (N, d)
             else:
-                scored = self.model(input_ids=ids).logits[rows_t, cols_t]  # (N, V)
+                scored = self.model(input_ids=ids, **extra).logits[rows_t, cols_t]  # (N, V)
             logprob, greedy = [], []
             for s in range(0, len(targets), HEAD_CHUNK):  # chunks bound the (N, V) logits in memory
                 chunk = scored[s : s + HEAD_CHUNK]
@@ -181,9 +251,29 @@ class LogLikelihood:
                 t = target_t[s : s + HEAD_CHUNK]
                 logprob.append(torch.log_softmax(logits, dim=-1).gather(1, t[:, None])[:, 0])
                 greedy.append(logits.argmax(-1) == t)
-        sums = torch.zeros(len(batch), dtype=torch.float64, device=device).index_add_(0, rows_t, torch.cat(logprob).double())
-        misses = torch.zeros(len(batch), dtype=torch.long, device=device).index_add_(0, rows_t, (~torch.cat(greedy)).long())
+        sums = torch.zeros(n_results, dtype=torch.float64, device=device).index_add_(0, owner_t, torch.cat(logprob).double())
+        misses = torch.zeros(n_results, dtype=torch.long, device=device).index_add_(0, owner_t, (~torch.cat(greedy)).long())
         return list(zip(sums.tolist(), (misses == 0).tolist()))
+
+    def _packing_inputs(self, batch: list[_Row], width: int, device: torch.device) -> dict:
+        """position_ids (B, T) and the 4D mask (B, 1, T, T) of a batch with packed rows: causal, and a choice's
+        tokens see the shared context and their own choice only. Padding sees itself and what precedes it."""
+        positions = torch.zeros(len(batch), width, dtype=torch.long)
+        allowed = torch.ones(width, width, dtype=torch.bool).tril().repeat(len(batch), 1, 1)  # (B, T, T)
+        for b, row in enumerate(batch):
+            n = len(row.ids)
+            positions[b, :n] = torch.tensor(row.positions or list(range(n)))
+            positions[b, n:] = torch.arange(n, width) if not row.positions else max(row.positions) + 1
+            if row.positions:
+                segment = torch.zeros(width, dtype=torch.long)  # 0: shared context (and padding)
+                for k, (_, columns, _) in enumerate(row.targets):
+                    segment[columns[1:]] = k + 1
+                own = segment[:, None] == segment[None, :]
+                allowed[b] &= own | (segment[None, :] == 0)
+        mask = allowed[:, None]
+        if getattr(self.model.config, "_attn_implementation", "eager") != "sdpa":  # eager adds the mask to the scores
+            mask = torch.zeros(mask.shape).masked_fill_(~mask, torch.finfo(torch.float32).min)
+        return {"position_ids": positions.to(device), "attention_mask": mask.to(device)}
 
 
 def model_max_length(model: nn.Module, tokenizer, default: int = 2048) -> int:
@@ -218,12 +308,17 @@ def ratio_stderr(numerators, denominators) -> float:
 
 def _multiple_choice(score: LogLikelihood, docs: list[dict], context_of, choices_of, desc: str, mean_per_token: bool,
                      items: list | None = None):
-    pairs, spans = [], []
+    pairs, spans, groups = [], [], []
     for doc in docs:
         ctx, choices = context_of(doc), choices_of(doc)
         spans.append((len(pairs), len(choices)))
-        pairs += [score.encode_pair(ctx, " " + c) if not mean_per_token else _paper_pair(score, ctx, " " + c) for c in choices]
-    results = score(pairs, desc=desc)
+        mine = [score.encode_pair(ctx, " " + c) if not mean_per_token else _paper_pair(score, ctx, " " + c) for c in choices]
+        pairs += mine
+        if all(c == mine[0][0] for c, _ in mine):  # one context for every choice: scored once
+            groups.append((mine[0][0], [cont for _, cont in mine]))
+        else:
+            groups += [(c, [cont]) for c, cont in mine]
+    results = score.choices(groups, desc=desc)
     acc, acc_norm = [], []
     for index, (doc, (start, k)) in enumerate(zip(docs, spans)):
         lls = np.array([results[start + j][0] for j in range(k)])
