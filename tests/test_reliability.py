@@ -83,7 +83,7 @@ CASES = [
     ("eval-tasks-empty", lambda e: E(e, "--tasks", ","), "Unknown task(s) []"),
     ("eval-protocol", lambda e: E(e, "--protocol", "lm-eval"), "protocol must be one of"),
     ("eval-precision-bf16", lambda e: E(e, "--precision", "bf16"), "'bf16' alone is ambiguous"),
-    ("eval-precision-fp8", lambda e: E(e, "--precision", "fp8"), "precision must be one of fp32, bf16-mixed"),
+    ("eval-precision-fp8", lambda e: E(e, "--precision", "fp8"), "precision must be auto or one of fp32, bf16-mixed"),
     ("eval-device-tpu", lambda e: E(e, "--device", "tpu"), "Unknown device 'tpu'"),
     ("eval-device-cuda", lambda e: E(e, "--device", "cuda:7"), "CUDA"),
     ("eval-model-missing", lambda e: E(e, "--model", str(e["root"] / "nothing")), "Could not load model"),
