@@ -161,7 +161,7 @@ def test_cosine_schedule_with_warmup():
 def test_bad_arguments_are_clear(tmp_path, corpus):
     with pytest.raises(ValueError, match="method must be one of"):
         train(args_for(tmp_path, corpus, method="adapterv2"), tiny_model("llama"), CharTokenizer(), progress=False)
-    with pytest.raises(ValueError, match="precision must be one of"):
+    with pytest.raises(ValueError, match="precision must be auto or one of"):
         train(args_for(tmp_path, corpus, precision="fp8"), tiny_model("llama"), CharTokenizer(), progress=False)
     with pytest.raises(ValueError, match="'bf16' alone is ambiguous"):
         train(args_for(tmp_path, corpus, precision="bf16"), tiny_model("llama"), CharTokenizer(), progress=False)
