@@ -47,7 +47,7 @@ from preproj.inspection import kv_cache_bytes
 from preproj.loss import causal_lm_loss
 from preproj.methods import build_method
 from preproj.precision import resolve_device
-from preproj.training import autocast_for, make_optimizer
+from preproj.training import compute_context_for, make_optimizer
 
 TARGETS = {  # name: (comparison, bound, what it says)
     "train_mfu_bf16": (">=", 0.60, "preproj+skip training MFU, bf16"),
@@ -141,7 +141,7 @@ def training_setup(base, method: str):
 
 def train_step(model, optimizer, ids: torch.Tensor, precision: str) -> None:
     """What one `preproj train` micro-step with one micro-batch does (training.py's loop)."""
-    with autocast_for("bf16-mixed" if precision == "bf16" else "fp32", ids.device):
+    with compute_context_for("bf16-mixed" if precision == "bf16" else "fp32", ids.device):
         loss = causal_lm_loss(model, ids, ids)
     loss.backward()
     if optimizer is not None:

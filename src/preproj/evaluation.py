@@ -239,7 +239,7 @@ class LogLikelihood:
         extra = self._packing_inputs(batch, width, device) if any(row.positions for row in batch) else {}
         rows_t, cols_t = torch.tensor(rows, device=device), torch.tensor(cols, device=device)
         owner_t, target_t = torch.tensor(owner, device=device), torch.tensor(targets, device=device)
-        with self.precision.autocast_context(device):
+        with self.precision.compute_context(device):
             if self.fast:
                 scored = self.body(input_ids=ids, **extra).last_hidden_state[rows_t, cols_t]  # (N, d)
             else:

@@ -80,7 +80,7 @@ def inspect_model(model: nn.Module, tokenizer, args: InspectArgs) -> dict:
     ]
     added = trainable_parameters(adapted)
     vocab = model.config.vocab_size
-    with p.autocast_context(_device(model)):
+    with p.compute_context(_device(model)):
         kv_base, kv_adapted = kv_cache_bytes(model, args.context, vocab), kv_cache_bytes(adapted, args.context, vocab)
         samples = {
             "prompt": args.prompt,

@@ -5,6 +5,11 @@ dtype of the trainable adapter weights (the masters the optimizer updates), and 
 context every forward runs under. Each word means the same in `train`, `eval`, `compare`,
 `inspect` and the benchmark.
 
+On a CPU without native bf16 the bf16 words keep their numbers but not the slow path: inside a
+precision's compute context each bf16 matmul (linear, matmul, bmm, attention) runs as a float32 matmul
+of the same bf16 values and rounds its output to bf16, which is what a native bf16 GEMM computes
+(float32 accumulation, one rounding of the output), at float32 speed.
+
 The word 'auto' is bf16-mixed where bf16 matmuls are native (CUDA GPUs with bf16, CPUs with avx512_bf16
 or AMX) and fp32 elsewhere: a CPU without them runs bf16 matmuls several times slower than fp32. Both
 load the base in float32. Entry points resolve it once against their device and record the word used.
@@ -42,6 +47,53 @@ class Precision:
         if self.autocast is None:
             return contextlib.nullcontext()
         return torch.autocast(torch.device(device).type, dtype=self.autocast)
+
+    @property
+    def uses_bf16(self) -> bool:
+        return torch.bfloat16 in (self.weights, self.adapter, self.autocast)
+
+    def emulates_bf16(self, device: torch.device | str) -> bool:
+        """Whether this precision's bf16 matmuls run as float32 matmuls on `device` (a CPU without native bf16)."""
+        return self.uses_bf16 and torch.device(device).type == "cpu" and not native_bf16("cpu")
+
+    def compute_context(self, device: torch.device | str):
+        """Where every forward runs: this precision's autocast, and on a CPU without native bf16, bf16 matmuls
+        computed in float32 with the output rounded to bf16."""
+        if not self.emulates_bf16(device):
+            return self.autocast_context(device)
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.autocast_context(device))
+        stack.enter_context(Bf16MatmulsInFloat32())
+        return stack
+
+
+class Bf16MatmulsInFloat32(torch.overrides.TorchFunctionMode):
+    """bf16 matmuls (bf16 operands, or float32 ones under bf16 autocast) computed as float32 matmuls of the
+    bf16-rounded operands, the output rounded to bf16: a native bf16 GEMM's numbers (float32 accumulation),
+    without the slow path of CPUs that lack avx512_bf16 and AMX. Gradients follow the casts, so they are
+    rounded to bf16 where a native bf16 backward rounds them."""
+
+    F = torch.nn.functional
+    MATMULS = {F.linear, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.Tensor.matmul,
+               torch.Tensor.__matmul__, torch.Tensor.mm, torch.Tensor.bmm, F.scaled_dot_product_attention}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in self.MATMULS:
+            return func(*args, **kwargs)
+        autocast = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        operands = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.is_floating_point()]
+        if not operands or operands[0].device.type != "cpu" or not (autocast or any(a.dtype == torch.bfloat16 for a in operands)):
+            return func(*args, **kwargs)
+
+        def up(a):
+            if isinstance(a, torch.Tensor) and a.is_floating_point():
+                return (a if a.dtype == torch.bfloat16 else a.to(torch.bfloat16)).float()
+            return a
+
+        with torch.autocast("cpu", enabled=False):
+            out = func(*(up(a) for a in args), **{k: up(v) for k, v in kwargs.items()})
+        return out.to(torch.bfloat16)
 
 
 PRECISIONS = {

@@ -301,7 +301,7 @@ def pretrain(args: PretrainArgs, progress: bool = True) -> tuple[dict, nn.Module
 def lm_loss(model: nn.Module, tokenizer, lines: list[str], seq_len: int, batch_size: int, precision: str,
             device: torch.device) -> dict:
     """Mean loss per predicted token over every full window of the text (packed as in training)."""
-    from .training import autocast_for
+    from .training import compute_context_for
 
     ids, _ = datasets.tokenize_examples(lines, tokenizer, seq_len)
     was = model.training
@@ -309,7 +309,7 @@ def lm_loss(model: nn.Module, tokenizer, lines: list[str], seq_len: int, batch_s
     total, count = 0.0, 0
     for i in range(0, len(ids), batch_size):
         x = ids[i : i + batch_size].to(device)
-        with autocast_for(precision, device):
+        with compute_context_for(precision, device):
             loss = model(input_ids=x, labels=x).loss
         n = x.shape[0] * (seq_len - 1)
         total, count = total + float(loss) * n, count + n

@@ -110,7 +110,7 @@ def step_time_share(shape: Shape, tokenizer, args: ScalingArgs, device: torch.de
     """Seconds per training step (forward, backward, AdamW) of preproj+skip and of the plain model of the same
     shape, timed in alternating rounds in this one process; the modules' share is 1 - plain / adapted."""
     from .methods import build_method
-    from .training import autocast_for, make_optimizer
+    from .training import compute_context_for, make_optimizer
 
     models = {}
     for name in ("base", REFERENCE):
@@ -122,7 +122,7 @@ def step_time_share(shape: Shape, tokenizer, args: ScalingArgs, device: torch.de
     def step(name: str) -> float:
         model, optimizer = models[name]
         start = time.perf_counter()
-        with autocast_for(args.precision, device):
+        with compute_context_for(args.precision, device):
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         optimizer.step()

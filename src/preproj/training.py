@@ -35,7 +35,7 @@ from .attach import skip_norms
 from .files import atomic_write, write_json
 from .tracking import Trackers, parse_report_to
 from .methods import TRAINED_METHODS, build_method, save_method, save_model_dir
-from .precision import check_weights_dtype, resolve_device, rng_state, set_rng_state
+from .precision import Bf16MatmulsInFloat32, check_weights_dtype, resolve_device, rng_state, set_rng_state
 from .precision import precision as as_precision
 from .validation import check_args, check_within_context
 
@@ -150,9 +150,10 @@ def make_optimizer(params: list[torch.Tensor], lr: float, weight_decay: float = 
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused)
 
 
-def autocast_for(precision: str, device: torch.device | str):
-    """The autocast context of a precision word on `device` (precision.py holds the vocabulary)."""
-    return as_precision(precision).autocast_context(device)
+def compute_context_for(precision: str, device: torch.device | str):
+    """Where a forward runs under a precision word on `device`: its autocast, and bf16 matmuls in float32 on a
+    CPU without native bf16 (precision.py holds the vocabulary)."""
+    return as_precision(precision).compute_context(device)
 
 
 def _trainable(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -274,7 +275,7 @@ def heldout_loss(wrapped: nn.Module, ids: torch.Tensor, labels: torch.Tensor, ar
         weight = 1.0 if rows else 0.0
         rows = rows or [0]  # a process with nothing left joins the collective on a dummy batch
         x, y = ids[rows].to(device), labels[rows].to(device)
-        with autocast_for(args.precision, device):
+        with compute_context_for(args.precision, device):
             loss = wrapped(x, y)
         n = _targets(labels[rows]) * weight
         total, count = total + float(loss) * n, count + n
@@ -340,7 +341,9 @@ def _train(args: TrainArgs, model, tokenizer, progress: bool, device: torch.devi
     model.to(device)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if args.activation_checkpointing:
-        base.activation_checkpointing_enable()
+        # The recomputation in backward runs outside the forward's context: it gets the emulation too.
+        emulated = {"use_reentrant": False, "context_fn": lambda: (contextlib.nullcontext(), Bf16MatmulsInFloat32())}
+        base.activation_checkpointing_enable(emulated if precision.emulates_bf16(device) else None)
     if args.attn_implementation is not None:
         base.set_attn_implementation(args.attn_implementation)
     model.train()
@@ -398,7 +401,7 @@ def _train(args: TrainArgs, model, tokenizer, progress: bool, device: torch.devi
             weight = n_local * r.world_size / n_global / args.grad_accum
             last = micro == args.grad_accum - 1
             with _maybe_no_sync(wrapped, last):
-                with autocast_for(args.precision, device):
+                with compute_context_for(args.precision, device):
                     loss = wrapped(x, y) * weight
                 (reported,) = ddist.sum_across([float(loss.detach())], device)
                 reported /= r.world_size
