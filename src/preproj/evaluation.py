@@ -9,7 +9,7 @@ applies the LM head only at the positions that are scored, in chunks, so no (B, 
 logits is ever built. The choices of a multiple-choice item share their context, so they are packed
 into one row: the context once, then each choice attending to the context and to itself only, at the
 positions it would have on its own (a 4D mask and position ids). Packing is checked against unpacked
-scoring on the first item of each call and is turned off for a model where the two disagree.
+scoring on the first item it applies to in each call and is turned off for a model where the two disagree.
 """
 
 from __future__ import annotations
@@ -151,12 +151,13 @@ class LogLikelihood:
         flattened in order: the same numbers as __call__ on the (context, choice) pairs, with each context run
         once. Groups that would be truncated are scored as pairs."""
         pairs = [(ctx, cont) for ctx, conts in groups for cont in conts]
-        if self.pack and groups and self.pack_checked is None:
-            self.pack_checked = self._packing_agrees(groups[0])
         rows, start = [], 0
         for ctx, conts in groups:
             fits = all(len(ctx) + len(c) <= self.max_length + 1 for c in conts)  # no left truncation
-            if self.pack and self.pack_checked and fits and len(conts) > 1:
+            packable = self.pack and fits and len(conts) > 1
+            if packable and self.pack_checked is None:  # checked on the first group it would apply to
+                self.pack_checked = self._packing_agrees(ctx, conts)
+            if packable and self.pack_checked:
                 rows.append(self._packed_row(start, ctx, conts))
             else:
                 rows += [self._plain_row(start + j, ctx, c) for j, c in enumerate(conts)]
@@ -182,11 +183,8 @@ class LogLikelihood:
             targets.append((index + i, [len(ctx) - 1] + list(range(start, start + len(cont) - 1)), cont))
         return _Row(ids, positions, targets)
 
-    def _packing_agrees(self, group: tuple[list[int], list[list[int]]]) -> bool:
+    def _packing_agrees(self, ctx: list[int], conts: list[list[int]]) -> bool:
         """Whether this model scores a packed group as it scores its pairs (it must honour 4D masks and position ids)."""
-        ctx, conts = group
-        if len(conts) < 2 or any(len(ctx) + len(c) > self.max_length + 1 for c in conts):
-            return True  # nothing to compare yet; the group is scored as pairs anyway
         try:
             packed = self._score_batch([self._packed_row(0, ctx, conts)], len(conts))
         except (TypeError, ValueError, RuntimeError):  # a forward that takes no 4D mask or position ids
