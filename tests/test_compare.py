@@ -82,6 +82,15 @@ def test_compare_writes_table_results_and_plots(tmp_path, tiny_real_vocab_model,
     monkeypatch.setattr(compare, "evaluate", lambda *a, **k: scored.append(a[2]) or real(*a, **k))
     third = run_compare(args, progress=False)
     assert scored == [["wikitext"]] and third["methods"]["lora"]["metrics"] == report["methods"]["lora"]["metrics"]
+    # ... but only if the weights are the very ones it scored
+    kept = json.loads((out / "lora-seed42" / "eval.lambada.json").read_text())
+    assert len(kept["setting"]["weights"]) == 64
+    kept["setting"]["weights"] = "0" * 64
+    (out / "lora-seed42" / "eval.lambada.json").write_text(json.dumps(kept))
+    (out / "lora-seed42" / "result.json").unlink()
+    scored.clear()
+    run_compare(args, progress=False)
+    assert scored == [["lambada"]]
 
 
 def test_precisions_that_load_the_base_differently_are_refused(tmp_path):

@@ -7,6 +7,7 @@ the paper's claims), results.json, skip_norms.{png,json}, paired.png and trainin
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -189,12 +190,13 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
                                   report_to=args.report_to, **{**train_args, "lr": lr})
                 summary, model = train(targs, model, tokenizer, progress=progress)
             train_seconds = time.monotonic() - t0
-            tasks = {}
+            tasks, weights = {}, trained_weights_digest(model)
             for task, limit in ({t: limits.get(t) for t in ("lambada", "hellaswag", "arc_easy", "wikitext")}).items():
-                # Each finished task is kept, so an evaluation stopped part-way resumes at the task it was in.
+                # Each finished task is kept, so an evaluation stopped part-way resumes at the task it was in,
+                # if the weights are the very ones it scored (a run retrained elsewhere may differ in the last bit).
                 done_task, items = run_dir / f"eval.{task}.json", run_dir / f"items.{task}.jsonl"
                 setting = {"protocol": eval_cfg["protocol"], "limit": limit, "max_length": eval_cfg["max_length"],
-                           "precision": eval_precision.name}
+                           "precision": eval_precision.name, "weights": weights}
                 kept = json.loads(done_task.read_text()) if done_task.is_file() and items.is_file() else {}
                 if kept.get("setting") == setting:
                     tasks[task] = kept["result"]
@@ -235,6 +237,15 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
         plot_paired(report["paired"], out / "paired.png")
     (out / "report.md").write_text(render_report(report))
     return report
+
+
+def trained_weights_digest(model) -> str:
+    """SHA-256 of the trainable tensors (an adapter's weights; empty for the base model)."""
+    digest = hashlib.sha256()
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            digest.update(name.encode() + p.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()
 
 
 # (task, metric, per-item value, statistic, higher is better) compared pairwise, by protocol. Perplexities
