@@ -240,7 +240,7 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
 
 
 def trained_weights_digest(model) -> str:
-    """SHA-256 of the trainable tensors (an adapter's weights; empty for the base model)."""
+    """SHA-256 of the tensors that require grad: after training, the adapter's; for the base, as loaded, all of them."""
     digest = hashlib.sha256()
     for name, p in model.named_parameters():
         if p.requires_grad:

@@ -259,15 +259,16 @@ class LogLikelihood:
         positions = torch.zeros(len(batch), width, dtype=torch.long)
         allowed = torch.ones(width, width, dtype=torch.bool).tril().repeat(len(batch), 1, 1)  # (B, T, T)
         for b, row in enumerate(batch):
+            if not row.positions:  # a plain row: causal, its padding continuing its positions
+                positions[b] = torch.arange(width)
+                continue
             n = len(row.ids)
-            positions[b, :n] = torch.tensor(row.positions or list(range(n)))
-            positions[b, n:] = torch.arange(n, width) if not row.positions else max(row.positions) + 1
-            if row.positions:
-                segment = torch.zeros(width, dtype=torch.long)  # 0: shared context (and padding)
-                for k, (_, columns, _) in enumerate(row.targets):
-                    segment[columns[1:]] = k + 1
-                own = segment[:, None] == segment[None, :]
-                allowed[b] &= own | (segment[None, :] == 0)
+            positions[b, :n] = torch.tensor(row.positions)
+            positions[b, n:] = max(row.positions) + 1
+            segment = torch.zeros(width, dtype=torch.long)  # 0: shared context (and padding)
+            for k, (_, columns, _) in enumerate(row.targets):
+                segment[columns[1:]] = k + 1
+            allowed[b] &= (segment[:, None] == segment[None, :]) | (segment[None, :] == 0)
         mask = allowed[:, None]
         if getattr(self.model.config, "_attn_implementation", "eager") != "sdpa":  # eager adds the mask to the scores
             mask = torch.zeros(mask.shape).masked_fill_(~mask, torch.finfo(torch.float32).min)
