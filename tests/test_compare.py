@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import transformers
@@ -10,6 +11,7 @@ import transformers
 from preproj import compare
 from preproj.cli import main
 from preproj.compare import CompareArgs, agreement_paragraph, run_compare
+from preproj.files import RunLock
 
 from conftest import data_dir
 
@@ -77,6 +79,16 @@ def test_compare_writes_table_results_and_plots(tmp_path, tiny_real_vocab_model,
     # An evaluation stopped part-way resumes at the task it was in: finished tasks are not scored again.
     (out / "lora-seed42" / "result.json").unlink()
     (out / "lora-seed42" / "eval.wikitext.json").unlink()
+    # --report-only reports the finished runs and lists the rest, training and evaluating nothing, even while
+    # the comparison owns the directory.
+    with monkeypatch.context() as m, RunLock(out, "preproj compare"):
+        m.setattr(compare, "train", lambda *a, **k: pytest.fail("--report-only trained"))
+        m.setattr(compare, "evaluate", lambda *a, **k: pytest.fail("--report-only evaluated"))
+        interim = run_compare(replace(args, report_only=True), progress=False)
+    assert interim["pending"] == ["lora-seed42"] and list(interim["methods"]) == ["base", "preproj+skip"]
+    assert interim["methods"]["preproj+skip"]["metrics"] == report["methods"]["preproj+skip"]["metrics"]
+    assert {(p["method"], p["reference"]) for p in interim["paired"]} == {("preproj+skip", "base")}
+    assert "**Interim report**: 1 run(s) still to come (lora-seed42)" in (out / "report.md").read_text()
     scored = []
     real = compare.evaluate
     monkeypatch.setattr(compare, "evaluate", lambda *a, **k: scored.append(a[2]) or real(*a, **k))
@@ -97,6 +109,11 @@ def test_precisions_that_load_the_base_differently_are_refused(tmp_path):
     with pytest.raises(ValueError, match="pick two that load the base alike"):
         run_compare(CompareArgs(methods="base", precision="bf16-true", eval_precision="fp32", out=str(tmp_path)),
                     progress=False)
+
+
+def test_report_only_needs_a_finished_run(tmp_path):
+    with pytest.raises(ValueError, match="No .method, seed. run has finished"):
+        run_compare(CompareArgs(methods="base,lora", lr_sweep="none", report_only=True, out=str(tmp_path)), progress=False)
 
 
 def test_agreement_paragraph_reads_the_numbers():

@@ -250,8 +250,9 @@ def _compare(ns: argparse.Namespace) -> int:
     if not r.is_main:
         return 0
     print((Path(args.out) / "report.md").read_text())
-    print(f"summary: {len(report['methods'])} methods compared in {report['wall_seconds'] / 60:.1f} min; "
-          f"report.md, results.json, skip_norms.png, training_curves.png in {args.out}")
+    done = (f"interim report: {len(report['methods'])} methods with finished runs, {len(report['pending'])} run(s) to come"
+            if report["pending"] else f"{len(report['methods'])} methods compared in {report['wall_seconds'] / 60:.1f} min")
+    print(f"summary: {done}; report.md, results.json, skip_norms.png, training_curves.png in {args.out}")
     return 0
 
 

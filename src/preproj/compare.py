@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import numpy as np
 
 from . import distributed as ddist
 from .evaluation import TASKS, evaluate, read_items
-from .files import write_json
+from .files import atomic_write, write_json
 from .methods import METHODS
 from .paper import PAPER_SKIP_NORMS, PAPER_TABLE, check_claims, check_depth, claim_pairs, claims_table
 from .precision import precision as as_precision
@@ -117,6 +118,9 @@ class CompareArgs:
     """Directory laid out as ../shared/data; default $PREPROJ_DATA_DIR."""
     out: str = "runs/compare"
     """Output directory."""
+    report_only: bool = False
+    """Write the report from the (method, seed) runs finished so far in --out, training and evaluating nothing; the
+    runs still to come are listed. Safe while the comparison itself runs."""
 
 
 def _interval(values: list[float], stderr: float | None) -> float | None:
@@ -153,7 +157,9 @@ def run_compare(args: CompareArgs, progress: bool = True) -> dict:
     if lr_sweep and preset["train"]["data"] == "wikitext2":
         raise ValueError("--lr-sweep selects on the training data's held-out text, which for --data wikitext2 is the "
                          "reported WikiText-2 test; use --preset study (WikiText-2 train, selection on raw valid).")
-    with ddist.owned(Path(args.out), "preproj compare", device):
+    # A report-only pass reads finished runs and writes only the report's files (atomically), so it may run beside
+    # the comparison that owns the directory.
+    with nullcontext() if args.report_only else ddist.owned(Path(args.out), "preproj compare", device):
         return _compare(args, methods, preset, precision, eval_precision, device, r, progress, lr_sweep)
 
 
@@ -168,9 +174,15 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
     seeds = args.seeds or preset.get("seeds", 1)
     seeded = (args.seeded_methods or preset.get("seeded_methods") or ",".join(methods)).split(",")
     train_args = {**preset["train"], **{k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v}}
-    sweep = sweep_learning_rates(args, methods, train_args, lr_sweep, precision, device, progress) if lr_sweep else None
+    if not lr_sweep:
+        sweep = None
+    elif args.report_only:
+        sweep_file = out / "sweep" / "sweep.json"
+        sweep = json.loads(sweep_file.read_text()) if sweep_file.is_file() else None
+    else:
+        sweep = sweep_learning_rates(args, methods, train_args, lr_sweep, precision, device, progress)
 
-    runs = []  # one per (method, seed)
+    runs, pending = [], []  # runs: one per finished (method, seed); pending: those a report-only pass finds unfinished
     for method in methods:
         for seed in range(42, 42 + (seeds if method in seeded and method != "base" else 1)):
             run_dir = out / f"{method}-seed{seed}"
@@ -178,6 +190,9 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
             if done.is_file():  # resumable: a finished (method, seed) is not redone
                 runs.append(json.loads(done.read_text()))
                 print(f"[compare] {method} seed {seed}: already done, reusing {done}")
+                continue
+            if args.report_only:
+                pending.append(run_dir.name)
                 continue
             print(f"[compare] {method} seed {seed} ...", flush=True)
             t0 = time.monotonic()
@@ -221,8 +236,14 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
             print(f"[compare] {method} seed {seed}: " + ", ".join(
                 f"{t} {m}={tasks[t][m]:.4g}" for t, m in COLUMNS[eval_cfg["protocol"]]), flush=True)
 
+    if args.report_only:
+        methods = [m for m in methods if any(r["method"] == m for r in runs)]
+        if not methods:
+            raise ValueError(f"No (method, seed) run has finished in {out} yet (METHOD-seedN/result.json); run the "
+                             "comparison without --report-only first.")
+        seeds = max(sum(r["method"] == m for r in runs) for m in methods)
     report = summarise(runs, methods, args, eval_cfg["protocol"], limits, time.monotonic() - start, train_args, seeds)
-    report.update(sweep=sweep, precision=precision.name, eval_precision=eval_precision.name, device=str(device),
+    report.update(pending=pending, sweep=sweep, precision=precision.name, eval_precision=eval_precision.name, device=str(device),
                   paired=paired_comparisons(runs, methods, eval_cfg["protocol"], out))
     report.update(claims=check_claims(report["paired"], dict(COLUMNS[eval_cfg["protocol"]])),
                   depth=check_depth([r["skip_norms"] for r in runs if r["method"] == "preproj+skip" and r["skip_norms"]]))
@@ -235,7 +256,8 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
     plot_training_curves(runs, out / "training_curves.png")
     if report["paired"]:
         plot_paired(report["paired"], out / "paired.png")
-    (out / "report.md").write_text(render_report(report))
+    text = render_report(report)
+    atomic_write(out / "report.md", lambda tmp: Path(tmp).write_text(text))
     return report
 
 
@@ -429,6 +451,9 @@ def render_report(report: dict) -> str:
              "Intervals are 95%: over seeds when there are several, else 1.96 x the metric's standard error.", "",
              "| method | trainable params | " + " | ".join(HEADERS[protocol]) + " | train tokens | train time | eval time |",
              "|---" * (len(HEADERS[protocol]) + 5) + "|"]
+    if report.get("pending"):
+        lines[2:2] = [f"**Interim report**: {len(report['pending'])} run(s) still to come ({', '.join(report['pending'])}); "
+                      "every figure below is from the runs finished so far.", ""]
     for method, row in report["methods"].items():
         cells = [_fmt(row["metrics"][f"{t}.{m}"], "perplexity" in m) for t, m in COLUMNS[protocol]]
         params = f"{row['trainable_params'] / 1e6:.2f}M" if row["trainable_params"] else "–"
