@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -130,7 +131,7 @@ def test_agreement_paragraph_reads_the_numbers():
 
 
 @pytest.mark.integration
-def test_learning_rates_are_swept_per_method_and_seeds_go_where_asked(tmp_path, tiny_real_vocab_model, monkeypatch):
+def test_learning_rates_are_swept_per_method_and_seeds_go_where_asked(tmp_path, tiny_real_vocab_model, monkeypatch, capsys):
     assert data_dir() is not None, "../shared/data or $PREPROJ_DATA_DIR is needed"
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(f"line {i}: the quick brown fox jumps over the lazy dog and keeps running {i}" for i in range(400)))
@@ -147,6 +148,9 @@ def test_learning_rates_are_swept_per_method_and_seeds_go_where_asked(tmp_path, 
         assert set(losses) == {"0.0001", "0.03"}
         assert sweep["chosen"][method] == float(min(losses, key=losses.get)) == report["methods"][method]["lr"]
     assert report["methods"]["skip"]["seeds"] == [42, 43] and report["methods"]["lora"]["seeds"] == [42]
+    # seed by seed: every method's first seed before any second one
+    started = re.findall(r"\[compare\] (\S+) seed (\d+) \.\.\.", capsys.readouterr().out)
+    assert started == [("base", "42"), ("skip", "42"), ("lora", "42"), ("skip", "43")]
     assert {p["seeds"][1] for p in report["paired"] if p["method"] == "skip" and p["reference"] == "base"} == {2}
     assert "## Learning rates" in (tmp_path / "cmp" / "report.md").read_text()
     with pytest.raises(ValueError, match="reported WikiText-2 test"):

@@ -183,58 +183,61 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
         sweep = sweep_learning_rates(args, methods, train_args, lr_sweep, precision, device, progress)
 
     runs, pending = [], []  # runs: one per finished (method, seed); pending: those a report-only pass finds unfinished
-    for method in methods:
-        for seed in range(42, 42 + (seeds if method in seeded and method != "base" else 1)):
-            run_dir = out / f"{method}-seed{seed}"
-            done = run_dir / "result.json"
-            if done.is_file():  # resumable: a finished (method, seed) is not redone
-                runs.append(json.loads(done.read_text()))
-                print(f"[compare] {method} seed {seed}: already done, reusing {done}")
+    # Seed by seed (every method's seed 42, then the seeded methods' 43, ...), so that a comparison stopped
+    # part-way already pairs every method with every other.
+    count = {m: seeds if m in seeded and m != "base" else 1 for m in methods}
+    plan = [(m, 42 + k) for k in range(max(count.values())) for m in methods if k < count[m]]
+    for method, seed in plan:
+        run_dir = out / f"{method}-seed{seed}"
+        done = run_dir / "result.json"
+        if done.is_file():  # resumable: a finished (method, seed) is not redone
+            runs.append(json.loads(done.read_text()))
+            print(f"[compare] {method} seed {seed}: already done, reusing {done}")
+            continue
+        if args.report_only:
+            pending.append(run_dir.name)
+            continue
+        print(f"[compare] {method} seed {seed} ...", flush=True)
+        t0 = time.monotonic()
+        model, tokenizer = load_model(args.model, dtype=precision.weights, device=device)
+        summary = None
+        if method != "base":
+            lr = sweep["chosen"][method] if sweep else train_args["lr"]
+            targs = TrainArgs(model=args.model, method=method, out=str(run_dir), seed=seed, data_dir=args.data_dir,
+                              resume=True, precision=precision.name, device=str(device), strategy=args.strategy,
+                              report_to=args.report_to, **{**train_args, "lr": lr})
+            summary, model = train(targs, model, tokenizer, progress=progress)
+        train_seconds = time.monotonic() - t0
+        tasks, weights = {}, trained_weights_digest(model)
+        for task, limit in ({t: limits.get(t) for t in ("lambada", "hellaswag", "arc_easy", "wikitext")}).items():
+            # Each finished task is kept, so an evaluation stopped part-way resumes at the task it was in,
+            # if the weights are the very ones it scored (a run retrained elsewhere may differ in the last bit).
+            done_task, items = run_dir / f"eval.{task}.json", run_dir / f"items.{task}.jsonl"
+            setting = {"protocol": eval_cfg["protocol"], "limit": limit, "max_length": eval_cfg["max_length"],
+                       "precision": eval_precision.name, "weights": weights}
+            kept = json.loads(done_task.read_text()) if done_task.is_file() and items.is_file() else {}
+            if kept.get("setting") == setting:
+                tasks[task] = kept["result"]
                 continue
-            if args.report_only:
-                pending.append(run_dir.name)
-                continue
-            print(f"[compare] {method} seed {seed} ...", flush=True)
-            t0 = time.monotonic()
-            model, tokenizer = load_model(args.model, dtype=precision.weights, device=device)
-            summary = None
-            if method != "base":
-                lr = sweep["chosen"][method] if sweep else train_args["lr"]
-                targs = TrainArgs(model=args.model, method=method, out=str(run_dir), seed=seed, data_dir=args.data_dir,
-                                  resume=True, precision=precision.name, device=str(device), strategy=args.strategy,
-                                  report_to=args.report_to, **{**train_args, "lr": lr})
-                summary, model = train(targs, model, tokenizer, progress=progress)
-            train_seconds = time.monotonic() - t0
-            tasks, weights = {}, trained_weights_digest(model)
-            for task, limit in ({t: limits.get(t) for t in ("lambada", "hellaswag", "arc_easy", "wikitext")}).items():
-                # Each finished task is kept, so an evaluation stopped part-way resumes at the task it was in,
-                # if the weights are the very ones it scored (a run retrained elsewhere may differ in the last bit).
-                done_task, items = run_dir / f"eval.{task}.json", run_dir / f"items.{task}.jsonl"
-                setting = {"protocol": eval_cfg["protocol"], "limit": limit, "max_length": eval_cfg["max_length"],
-                           "precision": eval_precision.name, "weights": weights}
-                kept = json.loads(done_task.read_text()) if done_task.is_file() and items.is_file() else {}
-                if kept.get("setting") == setting:
-                    tasks[task] = kept["result"]
-                    continue
-                res = evaluate(model, tokenizer, [task], protocol=eval_cfg["protocol"], limit=limit, data_dir=args.data_dir,
-                               max_length=eval_cfg["max_length"], precision=eval_precision.name, progress=progress,
-                               items_out=items)
-                tasks[task] = res["tasks"][task]
-                if r.is_main:
-                    write_json(done_task, {"setting": setting, "result": tasks[task]})
-            result = {"method": method, "seed": seed, "tasks": tasks, "run_dir": run_dir.name,
-                      "lr": targs.lr if summary else None,
-                      "trainable_params": summary["trainable_params"] if summary else 0,
-                      "train_tokens": summary["tokens_seen"] if summary else 0,
-                      "train_seconds": train_seconds if summary else 0.0,
-                      "eval_seconds": time.monotonic() - t0 - (train_seconds if summary else 0.0),
-                      "skip_norms": summary["skip_norms"] if summary else None,
-                      "log": _read_log(run_dir) if summary else []}
+            res = evaluate(model, tokenizer, [task], protocol=eval_cfg["protocol"], limit=limit, data_dir=args.data_dir,
+                           max_length=eval_cfg["max_length"], precision=eval_precision.name, progress=progress,
+                           items_out=items)
+            tasks[task] = res["tasks"][task]
             if r.is_main:
-                write_json(done, result)
-            runs.append(result)
-            print(f"[compare] {method} seed {seed}: " + ", ".join(
-                f"{t} {m}={tasks[t][m]:.4g}" for t, m in COLUMNS[eval_cfg["protocol"]]), flush=True)
+                write_json(done_task, {"setting": setting, "result": tasks[task]})
+        result = {"method": method, "seed": seed, "tasks": tasks, "run_dir": run_dir.name,
+                  "lr": targs.lr if summary else None,
+                  "trainable_params": summary["trainable_params"] if summary else 0,
+                  "train_tokens": summary["tokens_seen"] if summary else 0,
+                  "train_seconds": train_seconds if summary else 0.0,
+                  "eval_seconds": time.monotonic() - t0 - (train_seconds if summary else 0.0),
+                  "skip_norms": summary["skip_norms"] if summary else None,
+                  "log": _read_log(run_dir) if summary else []}
+        if r.is_main:
+            write_json(done, result)
+        runs.append(result)
+        print(f"[compare] {method} seed {seed}: " + ", ".join(
+            f"{t} {m}={tasks[t][m]:.4g}" for t, m in COLUMNS[eval_cfg["protocol"]]), flush=True)
 
     if args.report_only:
         methods = [m for m in methods if any(r["method"] == m for r in runs)]
