@@ -128,6 +128,11 @@ def test_agreement_paragraph_reads_the_numbers():
     assert "LAMBADA +0.05 (paper +0.052: same direction)" in text
     assert "HellaSwag -0.01 (paper +0.012: opposite direction)" in text and "ARC-E +0 (paper -0.01: no change)" in text
     assert "base" in text and "preproj+skip < base" in text
+    # a paired test on the same items, where there is one, decides whether a change is detectable
+    report["methods"]["base"]["metrics"]["hellaswag.acc_norm"]["ci95"] = 0.05
+    assert "HellaSwag -0.01 (paper +0.012: opposite direction, not detectable)" in agreement_paragraph(report)
+    report["paired"] = [{"method": "preproj+skip", "reference": "base", "metric": "hellaswag.acc_norm", "verdict": "worse"}]
+    assert "HellaSwag -0.01 (paper +0.012: opposite direction)" in agreement_paragraph(report)
 
 
 @pytest.mark.integration

@@ -529,12 +529,19 @@ def agreement_paragraph(report: dict) -> str:
             theirs = paper[method][k] - paper["base"][k]
             better = (delta < 0) if "PPL" in header else (delta > 0)
             paper_better = (theirs < 0) if "PPL" in header else (theirs > 0)
-            width = max(ours["ci95"] or 0.0, base["ci95"] or 0.0)
+            # The paired test on the same items decides whether the change is real; without one (runs from before
+            # per-item records), the wider of the two unpaired intervals does.
+            paired = next((p for p in report.get("paired", []) if (p["method"], p["reference"], p["metric"])
+                           == (method, "base", f"{task}.{metric}")), None)
+            if paired is not None:
+                real = paired["verdict"] != "no detectable difference"
+            else:
+                real = abs(delta) > max(ours["ci95"] or 0.0, base["ci95"] or 0.0)
             if delta == 0:
                 verdict = "no change"
             else:
                 verdict = "same direction" if better == paper_better else "opposite direction"
-                verdict += "" if abs(delta) > width else ", within the interval"
+                verdict += "" if real else ", not detectable"
             parts.append(f"{header.split()[0]} {delta:+.3g} (paper {theirs:+.3g}: {verdict})")
         said.append(f"{method}: " + "; ".join(parts) + ".")
     ppl_key = "wikitext." + COLUMNS[protocol][3][1]
