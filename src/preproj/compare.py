@@ -157,8 +157,8 @@ def run_compare(args: CompareArgs, progress: bool = True) -> dict:
     if lr_sweep and preset["train"]["data"] == "wikitext2":
         raise ValueError("--lr-sweep selects on the training data's held-out text, which for --data wikitext2 is the "
                          "reported WikiText-2 test; use --preset study (WikiText-2 train, selection on raw valid).")
-    # A report-only pass reads finished runs and writes only the report's files (atomically), so it may run beside
-    # the comparison that owns the directory.
+    # A report-only pass reads finished runs and writes only the report's own files, never a run's, so it may run
+    # beside the comparison that owns the directory.
     with nullcontext() if args.report_only else ddist.owned(Path(args.out), "preproj compare", device):
         return _compare(args, methods, preset, precision, eval_precision, device, r, progress, lr_sweep)
 
@@ -446,7 +446,10 @@ def _fmt(cell: dict, ppl: bool) -> str:
 
 def render_report(report: dict) -> str:
     protocol = report["protocol"]
-    lines = [f"# preproj compare: {report['model']} (preset {report['preset']})", "",
+    pending = report.get("pending")
+    interim = [f"**Interim report**: {len(pending)} run(s) still to come ({', '.join(pending)}); every figure below is "
+               "from the runs finished so far.", ""] if pending else []
+    lines = [f"# preproj compare: {report['model']} (preset {report['preset']})", "", *interim,
              f"Protocol `{protocol}`; evaluation items per task: "
              + (", ".join(f"{k} {v}" for k, v in report["eval_limits"].items()) or "the protocol's defaults")
              + f". Training: {json.dumps(report['train'])}. Precision, the same for every method: training "
@@ -454,9 +457,6 @@ def render_report(report: dict) -> str:
              "Intervals are 95%: over seeds when there are several, else 1.96 x the metric's standard error.", "",
              "| method | trainable params | " + " | ".join(HEADERS[protocol]) + " | train tokens | train time | eval time |",
              "|---" * (len(HEADERS[protocol]) + 5) + "|"]
-    if report.get("pending"):
-        lines[2:2] = [f"**Interim report**: {len(report['pending'])} run(s) still to come ({', '.join(report['pending'])}); "
-                      "every figure below is from the runs finished so far.", ""]
     for method, row in report["methods"].items():
         cells = [_fmt(row["metrics"][f"{t}.{m}"], "perplexity" in m) for t, m in COLUMNS[protocol]]
         params = f"{row['trainable_params'] / 1e6:.2f}M" if row["trainable_params"] else "–"
