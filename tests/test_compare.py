@@ -179,3 +179,20 @@ def test_learning_rates_are_swept_per_method_and_seeds_go_where_asked(tmp_path, 
     q = json.loads((tmp_path / "q.json").read_text())["paired"]
     assert [p["metric"] for p in q] == ["lambada.acc"] and q[0]["effect"] == ours["lambada.acc"]["effect"]
     assert main(["paired", f"{out}:base", f"{out}:nothing"]) == 2
+    # Comparing a subset of the methods keeps the others' sweep rows in sweep.json.
+    run_compare(replace(args, methods="base,skip"), progress=False)
+    assert json.loads((out / "sweep" / "sweep.json").read_text())["heldout_loss"] == sweep["heldout_loss"]
+
+
+def test_a_sweep_keeps_rows_only_from_the_same_candidates_and_steps(tmp_path):
+    old = {"candidates": [1e-4, 1e-3], "steps": 8, "heldout_loss": {"lora": {"0.0001": 3.0, "0.001": 2.9}},
+           "chosen": {"lora": 1e-3}, "precisions": ["bf16"]}
+    new = {"candidates": [1e-4, 1e-3], "steps": 8, "heldout_loss": {"skip": {"0.0001": 3.1, "0.001": 3.2}},
+           "chosen": {"skip": 1e-4}, "precisions": ["fp32"]}
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(old))
+    merged = compare._merged_with_file(new, path)
+    assert merged["heldout_loss"] == {**old["heldout_loss"], **new["heldout_loss"]}
+    assert merged["chosen"] == {"lora": 1e-3, "skip": 1e-4} and merged["precisions"] == ["bf16", "fp32"]
+    path.write_text(json.dumps({**old, "steps": 16}))
+    assert compare._merged_with_file(new, path) == new

@@ -404,9 +404,20 @@ def sweep_learning_rates(args: CompareArgs, methods: list[str], train_args: dict
     sweep = {"candidates": candidates, "steps": steps, "heldout_loss": loss, "chosen": chosen,
              "precisions": sorted(trained_in)}
     if ddist.ranks().is_main:
-        write_json(out / "sweep.json", sweep)
+        write_json(out / "sweep.json", _merged_with_file(sweep, out / "sweep.json"))
     print("[compare] learning rates: " + ", ".join(f"{m} {lr:g}" for m, lr in chosen.items()), flush=True)
     return sweep
+
+
+def _merged_with_file(sweep: dict, path: Path) -> dict:
+    """The sweep plus the rows of methods that an earlier comparison in the same directory swept with the same
+    candidates and steps, so that comparing a subset of methods never drops the others' rows from the file."""
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    if (old.get("candidates"), old.get("steps")) != (sweep["candidates"], sweep["steps"]):
+        return sweep
+    return {**sweep, "heldout_loss": {**old["heldout_loss"], **sweep["heldout_loss"]},
+            "chosen": {**old["chosen"], **sweep["chosen"]},
+            "precisions": sorted(set(old.get("precisions", [])) | set(sweep["precisions"]))}
 
 
 def _read_log(run_dir: Path) -> list[dict]:
