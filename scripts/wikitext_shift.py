@@ -1,0 +1,90 @@
+"""Why does the study's preproj+skip lower the held-out loss on raw WikiText-2 valid during training, yet raise
+the WikiText-2 test perplexity it is scored on?
+
+The two measurements differ in two ways, and this scores the base and trained adapters on the same test
+documents in all four combinations, paired over documents (and seeds):
+  text:   'harness' (the harness's detokenized text, as reported) or 'raw' (the file as it is: spaced
+          punctuation, ' @-@ ', like the tokenized WikiText-2 train text the adapter learned from);
+  window: 2048 tokens (as reported) or 256 (the training sequence length), in the harness's rolling windows.
+Each (model, text, window) is written to OUT as soon as it is scored, so the script resumes where it stopped.
+With --study, the reported combination (harness text, 2048) is taken from that comparison's per-item records.
+
+  PREPROJ_DATA_DIR=../shared/data .venv/bin/python scripts/wikitext_shift.py --study docs/study-cpu \
+      --adapters docs/study-cpu/preproj+skip-seed42,docs/study-cpu/preproj+skip-seed43 --docs 12 --out docs/wikitext-shift
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from preproj import data
+from preproj import load_adapter, load_model
+from preproj.evaluation import LogLikelihood
+from preproj.files import write_json
+from preproj.stats import describe, paired_bootstrap, ratio_of_sums
+
+CONDITIONS = [(text, window) for text in ("harness", "raw") for window in (2048, 256)]
+
+
+def score_documents(model, tokenizer, pages: list[str], text: str, window: int) -> list[list[float]]:
+    """[nll, tokens] per document: every token predicted once, in disjoint rolling windows of `window` tokens."""
+    score = LogLikelihood(model, tokenizer, max_length=window, precision="fp32")
+    windows, owner = [], []
+    for i, page in enumerate(pages):
+        for w in score.rolling_windows(score.encode(data.wikitext_detokenize(page) if text == "harness" else page)):
+            windows.append(w)
+            owner.append(i)
+    per_doc = np.zeros((len(pages), 2))
+    for i, (ll, _), (_, cont) in zip(owner, score(windows, desc=f"{text} text, {window}-token windows"), windows):
+        per_doc[i] += (-ll, len(cont))
+    return per_doc.tolist()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--adapters", required=True, help="Comma-separated adapter directories (the seeds of one method).")
+    ap.add_argument("--docs", type=int, default=20, help="Score the first N of the 62 WikiText-2 test documents.")
+    ap.add_argument("--study", help="A compare directory whose runs' items.wikitext.jsonl give (harness, 2048).")
+    ap.add_argument("--out", default="docs/wikitext-shift")
+    args = ap.parse_args()
+    out = Path(args.out)
+    pages = [d["page"] for d in data.wikitext_documents(data.resolve_data_dir())][: args.docs]
+    runs = {"base": None} | {Path(a).name: a for a in args.adapters.split(",")}
+    for name, adapter in runs.items():
+        study_items = Path(args.study or "", "base-seed42" if name == "base" else name, "items.wikitext.jsonl")
+        if args.study and study_items.is_file() and not (out / f"{name}.harness-2048.json").is_file():
+            rows = [json.loads(line) for line in study_items.read_text().splitlines()][: len(pages)]
+            write_json(out / f"{name}.harness-2048.json", [[-r["ll"], r["tokens"]] for r in rows])
+        todo = [(t, w) for t, w in CONDITIONS if not (out / f"{name}.{t}-{w}.json").is_file()]
+        if not todo:
+            continue
+        model, tokenizer = load_model(args.model, dtype="fp32")
+        if adapter:
+            model = load_adapter(model, adapter)
+        model.eval()
+        for text, window in todo:
+            write_json(out / f"{name}.{text}-{window}.json", score_documents(model, tokenizer, pages, text, window))
+
+    lines = [f"Loss per token (nats), adapters minus base, on the first {len(pages)} WikiText-2 test documents; "
+             "95% paired bootstrap interval over documents and seeds.", "",
+             "| text | window | base | adapters | difference [95% interval] |", "|---|---|---|---|---|"]
+    results = []
+    for text, window in CONDITIONS:
+        load = lambda name: json.loads((out / f"{name}.{text}-{window}.json").read_text())  # noqa: E731
+        a = np.array([load("base")])
+        b = np.array([load(name) for name in runs if name != "base"])
+        p = paired_bootstrap(a, b, ratio_of_sums, metric=f"loss.{text}-{window}", higher_is_better=False)
+        results.append({"text": text, "window": window, **p.to_dict()})
+        lines.append(f"| {text} | {window} | {p.a:.4f} | {p.b:.4f} | {describe(p, 4)} |")
+    write_json(out / "paired.json", {"documents": len(pages), "adapters": list(runs)[1:], "paired": results})
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
