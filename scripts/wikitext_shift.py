@@ -10,7 +10,8 @@ Each (model, text, window) is written to OUT as soon as it is scored, so the scr
 With --study, the reported combination (harness text, 2048) is taken from that comparison's per-item records.
 
   PREPROJ_DATA_DIR=../shared/data .venv/bin/python scripts/wikitext_shift.py --study docs/study-cpu \
-      --adapters docs/study-cpu/preproj+skip-seed42,docs/study-cpu/preproj+skip-seed43 --docs 12 --out docs/wikitext-shift
+      --adapters docs/study-cpu/preproj+skip-seed42,docs/study-cpu/preproj+skip-seed43 --docs 12 \
+      --out docs/wikitext-shift
 """
 
 from __future__ import annotations
@@ -75,9 +76,8 @@ def main() -> None:
              "| text | window | base | adapters | difference [95% interval] |", "|---|---|---|---|---|"]
     results = []
     for text, window in CONDITIONS:
-        load = lambda name: json.loads((out / f"{name}.{text}-{window}.json").read_text())  # noqa: E731
-        a = np.array([load("base")])
-        b = np.array([load(name) for name in runs if name != "base"])
+        a = np.array([json.loads((out / f"base.{text}-{window}.json").read_text())])  # (1 seed, docs, 2)
+        b = np.array([json.loads((out / f"{name}.{text}-{window}.json").read_text()) for name in list(runs)[1:]])
         p = paired_bootstrap(a, b, ratio_of_sums, metric=f"loss.{text}-{window}", higher_is_better=False)
         results.append({"text": text, "window": window, **p.to_dict()})
         lines.append(f"| {text} | {window} | {p.a:.4f} | {p.b:.4f} | {describe(p, 4)} |")
