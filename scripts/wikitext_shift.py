@@ -24,7 +24,7 @@ import numpy as np
 
 from preproj import data
 from preproj import load_adapter, load_model
-from preproj.evaluation import LogLikelihood
+from preproj.evaluation import LogLikelihood, wikitext_harness
 from preproj.files import write_json
 from preproj.stats import describe, paired_bootstrap, ratio_of_sums
 
@@ -33,16 +33,10 @@ CONDITIONS = [(text, window) for text in ("harness", "raw") for window in (2048,
 
 def score_documents(model, tokenizer, pages: list[str], text: str, window: int) -> list[list[float]]:
     """[nll, tokens] per document: every token predicted once, in disjoint rolling windows of `window` tokens."""
+    items: list[dict] = []
     score = LogLikelihood(model, tokenizer, max_length=window, precision="fp32")
-    windows, owner = [], []
-    for i, page in enumerate(pages):
-        for w in score.rolling_windows(score.encode(data.wikitext_detokenize(page) if text == "harness" else page)):
-            windows.append(w)
-            owner.append(i)
-    per_doc = np.zeros((len(pages), 2))
-    for i, (ll, _), (_, cont) in zip(owner, score(windows, desc=f"{text} text, {window}-token windows"), windows):
-        per_doc[i] += (-ll, len(cont))
-    return per_doc.tolist()
+    wikitext_harness(score, [{"page": p} for p in pages], items, detokenize=text == "harness")
+    return [[-item["ll"], item["tokens"]] for item in items]
 
 
 def main() -> None:

@@ -146,6 +146,18 @@ def test_article_split_and_detokenizer():
     assert datasets.wikitext_detokenize(" x @-@ y , z . \n") == " x-y, z.\n"
 
 
+def test_wikitext_scores_the_detokenized_page_unless_asked_for_the_raw_one():
+    from preproj.evaluation import wikitext_harness
+
+    score = LogLikelihood(tiny_model("llama"), CharTokenizer(), max_length=8, progress=False)
+    page = " = A = \n \n x @-@ y , z . \n"
+    for detokenize, text in ((True, datasets.wikitext_detokenize(page)), (False, page)):
+        items: list[dict] = []
+        wikitext_harness(score, [{"page": page}], items, detokenize=detokenize)
+        whole = sum(score([w])[0][0] for w in score.rolling_windows(score.encode(text)))
+        assert items[0]["tokens"] == len(text) and items[0]["ll"] == pytest.approx(whole, rel=1e-6)
+
+
 @pytest.mark.integration
 def test_local_data_counts():
     d = data_dir()

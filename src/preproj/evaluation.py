@@ -370,10 +370,13 @@ def lambada_paper(score: LogLikelihood, docs: list[dict], items: list | None = N
             "acc_stderr": mean_stderr(hits)}
 
 
-def wikitext_harness(score: LogLikelihood, docs: list[dict], items: list | None = None) -> dict:
+def wikitext_harness(score: LogLikelihood, docs: list[dict], items: list | None = None, *,
+                     detokenize: bool = True) -> dict:
+    """The harness's wikitext task; detokenize=False scores each page as the file has it (spaced punctuation)."""
     windows, owner = [], []
     for i, doc in enumerate(docs):
-        for w in score.rolling_windows(score.encode(datasets.wikitext_detokenize(doc["page"]))):
+        text = datasets.wikitext_detokenize(doc["page"]) if detokenize else doc["page"]
+        for w in score.rolling_windows(score.encode(text)):
             windows.append(w)
             owner.append(i)
     results = score(windows, desc="wikitext")
