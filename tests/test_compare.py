@@ -196,3 +196,13 @@ def test_a_sweep_keeps_rows_only_from_the_same_candidates_and_steps(tmp_path):
     assert merged["chosen"] == {"lora": 1e-3, "skip": 1e-4} and merged["precisions"] == ["bf16", "fp32"]
     path.write_text(json.dumps({**old, "steps": 16}))
     assert compare._merged_with_file(new, path) == new
+
+
+def test_agreement_paragraph_has_no_direction_where_the_paper_saw_no_change():
+    def row(lam, hs, arc, ppl):
+        cells = {"lambada.acc": lam, "hellaswag.acc_norm": hs, "arc_easy.acc": arc, "wikitext.word_perplexity": ppl}
+        return {"metrics": {k: {"mean": v, "ci95": 0.05} for k, v in cells.items()}}
+
+    # the paper's Pythia-160M LoRA has HellaSwag 0.326, the same as its base
+    report = {"protocol": "harness", "methods": {"base": row(0.30, 0.40, 0.50, 30.0), "lora": row(0.30, 0.375, 0.50, 40.0)}}
+    assert "HellaSwag -0.025 (paper +0: no change in the paper; ours not detectable)" in agreement_paragraph(report)

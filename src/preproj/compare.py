@@ -550,6 +550,8 @@ def agreement_paragraph(report: dict) -> str:
                 real = abs(delta) > max(ours["ci95"] or 0.0, base["ci95"] or 0.0)
             if delta == 0:
                 verdict = "no change"
+            elif theirs == 0:
+                verdict = "no change in the paper" + ("" if real else "; ours not detectable")
             else:
                 verdict = "same direction" if better == paper_better else "opposite direction"
                 verdict += "" if real else ", not detectable"
