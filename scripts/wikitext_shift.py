@@ -39,6 +39,11 @@ def score_documents(model, tokenizer, pages: list[str], text: str, window: int) 
     return [[-item["ll"], item["tokens"]] for item in items]
 
 
+def scored(path: Path, documents: int) -> bool:
+    """Whether `path` holds the scores of exactly this many documents (a run with another --docs rescored)."""
+    return path.is_file() and len(json.loads(path.read_text())) == documents
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -52,10 +57,10 @@ def main() -> None:
     runs = {"base": None} | {Path(a).name: a for a in args.adapters.split(",")}
     for name, adapter in runs.items():
         study_items = Path(args.study or "", "base-seed42" if name == "base" else name, "items.wikitext.jsonl")
-        if args.study and study_items.is_file() and not (out / f"{name}.harness-2048.json").is_file():
+        if args.study and study_items.is_file() and not scored(out / f"{name}.harness-2048.json", len(pages)):
             rows = [json.loads(line) for line in study_items.read_text().splitlines()][: len(pages)]
             write_json(out / f"{name}.harness-2048.json", [[-r["ll"], r["tokens"]] for r in rows])
-        todo = [(t, w) for t, w in CONDITIONS if not (out / f"{name}.{t}-{w}.json").is_file()]
+        todo = [(t, w) for t, w in CONDITIONS if not scored(out / f"{name}.{t}-{w}.json", len(pages))]
         if not todo:
             continue
         model, tokenizer = load_model(args.model, dtype="fp32")
