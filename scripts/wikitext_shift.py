@@ -10,7 +10,7 @@ Each (model, text, window) is written to OUT as soon as it is scored, so the scr
 With --study, the reported combination (harness text, 2048) is taken from that comparison's per-item records.
 
   PREPROJ_DATA_DIR=../shared/data .venv/bin/python scripts/wikitext_shift.py --study docs/study-cpu \
-      --adapters docs/study-cpu/preproj+skip-seed42,docs/study-cpu/preproj+skip-seed43 --docs 12 \
+      --adapters docs/study-cpu/preproj+skip-seed42,docs/study-cpu/preproj+skip-seed43 --docs 8 \
       --out docs/wikitext-shift
 """
 
@@ -22,8 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from preproj import data
-from preproj import load_adapter, load_model
+from preproj import data, load_adapter, load_model
 from preproj.evaluation import LogLikelihood, wikitext_harness
 from preproj.files import write_json
 from preproj.stats import describe, paired_bootstrap, ratio_of_sums
@@ -48,7 +47,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--adapters", required=True, help="Comma-separated adapter directories (the seeds of one method).")
-    ap.add_argument("--docs", type=int, default=20, help="Score the first N of the 62 WikiText-2 test documents.")
+    ap.add_argument("--docs", type=int, default=8, help="Score the first N of the 62 WikiText-2 test documents.")
     ap.add_argument("--study", help="A compare directory whose runs' items.wikitext.jsonl give (harness, 2048).")
     ap.add_argument("--out", default="docs/wikitext-shift")
     args = ap.parse_args()
