@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from preproj import data, load_adapter, load_model
-from preproj.evaluation import LogLikelihood, wikitext_harness
-from preproj.files import write_json
+from preproj.evaluation import LogLikelihood, read_items, wikitext_harness
+from preproj.files import atomic_write, write_json
 from preproj.stats import describe, paired_bootstrap, ratio_of_sums
 
 CONDITIONS = [(text, window) for text in ("harness", "raw") for window in (2048, 256)]
@@ -35,7 +35,12 @@ def score_documents(model, tokenizer, pages: list[str], text: str, window: int) 
     items: list[dict] = []
     score = LogLikelihood(model, tokenizer, max_length=window, precision="fp32")
     wikitext_harness(score, [{"page": p} for p in pages], items, detokenize=text == "harness")
-    return [[-item["ll"], item["tokens"]] for item in items]
+    return nll_and_tokens(items)
+
+
+def nll_and_tokens(records: list[dict]) -> list[list[float]]:
+    """[nll, tokens] per document from WikiText per-item records."""
+    return [[-r["ll"], r["tokens"]] for r in records]
 
 
 def scored(path: Path, documents: int) -> bool:
@@ -57,8 +62,8 @@ def main() -> None:
     for name, adapter in runs.items():
         study_items = Path(args.study or "", "base-seed42" if name == "base" else name, "items.wikitext.jsonl")
         if args.study and study_items.is_file() and not scored(out / f"{name}.harness-2048.json", len(pages)):
-            rows = [json.loads(line) for line in study_items.read_text().splitlines()][: len(pages)]
-            write_json(out / f"{name}.harness-2048.json", [[-r["ll"], r["tokens"]] for r in rows])
+            records = read_items(study_items)["wikitext"][: len(pages)]
+            write_json(out / f"{name}.harness-2048.json", nll_and_tokens(records))
         todo = [(t, w) for t, w in CONDITIONS if not scored(out / f"{name}.{t}-{w}.json", len(pages))]
         if not todo:
             continue
@@ -80,7 +85,7 @@ def main() -> None:
         results.append({"text": text, "window": window, **p.to_dict()})
         lines.append(f"| {text} | {window} | {p.a:.4f} | {p.b:.4f} | {describe(p, 4)} |")
     write_json(out / "paired.json", {"documents": len(pages), "adapters": list(runs)[1:], "paired": results})
-    (out / "report.md").write_text("\n".join(lines) + "\n")
+    atomic_write(out / "report.md", lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
     print("\n".join(lines))
 
 
