@@ -95,15 +95,32 @@ def test_compare_writes_table_results_and_plots(tmp_path, tiny_real_vocab_model,
     monkeypatch.setattr(compare, "evaluate", lambda *a, **k: scored.append(a[2]) or real(*a, **k))
     third = run_compare(args, progress=False)
     assert scored == [["wikitext"]] and third["methods"]["lora"]["metrics"] == report["methods"]["lora"]["metrics"]
+    # its times count every part: the tasks scored before the stop as well as the one after, and the training
+    lora_dir = out / "lora-seed42"
+    lora_run = json.loads((lora_dir / "result.json").read_text())
+    parts = [json.loads((lora_dir / f"eval.{t}.json").read_text())["seconds"] for t in ("lambada", "hellaswag", "arc_easy", "wikitext")]
+    assert lora_run["eval_seconds"] == sum(parts) > 0
+    assert lora_run["train_seconds"] == json.loads((lora_dir / "summary.json").read_text())["train_seconds"] > 0
     # ... but only if the weights are the very ones it scored
     kept = json.loads((out / "lora-seed42" / "eval.lambada.json").read_text())
     assert len(kept["setting"]["weights"]) == 64
     kept["setting"]["weights"] = "0" * 64
     (out / "lora-seed42" / "eval.lambada.json").write_text(json.dumps(kept))
     (out / "lora-seed42" / "result.json").unlink()
+    # a task kept from before evaluation times were recorded leaves the run's evaluation time unknown
+    older = json.loads((lora_dir / "eval.hellaswag.json").read_text())
+    (lora_dir / "eval.hellaswag.json").write_text(json.dumps({k: v for k, v in older.items() if k != "seconds"}))
     scored.clear()
-    run_compare(args, progress=False)
+    fourth = run_compare(args, progress=False)
     assert scored == [["lambada"]]
+    assert fourth["methods"]["lora"]["eval_seconds"] == {"mean": None, "runs": 0, "of": 1}
+    assert "| unknown |" in (out / "report.md").read_text()
+
+
+def test_times_are_averaged_over_the_runs_that_have_them():
+    assert compare._fmt_seconds(compare._mean_known([100.0, None, 300.0])) == "200s (2 of 3 runs)"
+    assert compare._fmt_seconds(compare._mean_known([100.0, 300.0])) == "200s"
+    assert compare._fmt_seconds(compare._mean_known([None])) == "unknown"
 
 
 def test_precisions_that_load_the_base_differently_are_refused(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -71,6 +72,9 @@ def test_killed_run_resumes_to_the_same_adapter_bitwise(tmp_path, corpus):
         train(args_for(tmp_path, corpus, out=str(tmp_path / "killed")), model, CharTokenizer(), progress=False)
     state = torch.load(tmp_path / "killed" / "checkpoint" / "state.pt", weights_only=True)
     assert state["step"] == 6  # the last checkpoint before the kill (save_every=3)
+    shutil.copytree(tmp_path / "killed", tmp_path / "old")  # as if written before the log kept training times
+    old_log = [{k: v for k, v in x.items() if k != "seconds"} for x in json.loads(state["log_tail"])]
+    torch.save({**state, "log_tail": json.dumps(old_log)}, tmp_path / "old" / "checkpoint" / "state.pt")
     resumed, _ = train(args_for(tmp_path, corpus, out=str(tmp_path / "killed"), resume=True), tiny_model("llama"),
                        CharTokenizer(), progress=False)
     result = load_file(tmp_path / "killed" / "adapter_model.safetensors")
@@ -78,6 +82,13 @@ def test_killed_run_resumes_to_the_same_adapter_bitwise(tmp_path, corpus):
     assert resumed["final_heldout_loss"] == full["final_heldout_loss"]
     log = [json.loads(line) for line in (tmp_path / "killed" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == list(range(9))
+    # the training time carries over the resume: the steps before the kill count, and it only grows
+    seconds = [r["seconds"] for r in log[1:]]
+    assert seconds == sorted(seconds) and seconds[5] == json.loads(state["log_tail"])[-1]["seconds"] > 0
+    assert resumed["train_seconds"] == seconds[-1] > seconds[5]
+    unknown, _ = train(args_for(tmp_path, corpus, out=str(tmp_path / "old"), resume=True), tiny_model("llama"),
+                       CharTokenizer(), progress=False)
+    assert unknown["train_seconds"] is None and unknown["final_heldout_loss"] == full["final_heldout_loss"]
 
 
 def test_nan_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path, corpus):

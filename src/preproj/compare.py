@@ -198,7 +198,6 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
             pending.append(run_dir.name)
             continue
         print(f"[compare] {method} seed {seed} ...", flush=True)
-        t0 = time.monotonic()
         model, tokenizer = load_model(args.model, dtype=precision.weights, device=device)
         summary = None
         if method != "base":
@@ -207,8 +206,7 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
                               resume=True, precision=precision.name, device=str(device), strategy=args.strategy,
                               report_to=args.report_to, **{**train_args, "lr": lr})
             summary, model = train(targs, model, tokenizer, progress=progress)
-        train_seconds = time.monotonic() - t0
-        tasks, weights = {}, trained_weights_digest(model)
+        tasks, task_seconds, weights = {}, {}, trained_weights_digest(model)
         for task, limit in ({t: limits.get(t) for t in ("lambada", "hellaswag", "arc_easy", "wikitext")}).items():
             # Each finished task is kept, so an evaluation stopped part-way resumes at the task it was in,
             # if the weights are the very ones it scored (a run retrained elsewhere may differ in the last bit).
@@ -217,20 +215,22 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
                        "precision": eval_precision.name, "weights": weights}
             kept = json.loads(done_task.read_text()) if done_task.is_file() and items.is_file() else {}
             if kept.get("setting") == setting:
-                tasks[task] = kept["result"]
+                tasks[task], task_seconds[task] = kept["result"], kept.get("seconds")
                 continue
+            t0 = time.monotonic()
             res = evaluate(model, tokenizer, [task], protocol=eval_cfg["protocol"], limit=limit, data_dir=args.data_dir,
                            max_length=eval_cfg["max_length"], precision=eval_precision.name, progress=progress,
                            items_out=items)
-            tasks[task] = res["tasks"][task]
+            tasks[task], task_seconds[task] = res["tasks"][task], time.monotonic() - t0
             if r.is_main:
-                write_json(done_task, {"setting": setting, "result": tasks[task]})
+                write_json(done_task, {"setting": setting, "result": tasks[task], "seconds": task_seconds[task]})
         result = {"method": method, "seed": seed, "tasks": tasks, "run_dir": run_dir.name,
                   "lr": targs.lr if summary else None,
                   "trainable_params": summary["trainable_params"] if summary else 0,
                   "train_tokens": summary["tokens_seen"] if summary else 0,
-                  "train_seconds": train_seconds if summary else 0.0,
-                  "eval_seconds": time.monotonic() - t0 - (train_seconds if summary else 0.0),
+                  # None where a part ran before times were kept across a resume
+                  "train_seconds": summary.get("train_seconds") if summary else 0.0,
+                  "eval_seconds": None if None in task_seconds.values() else sum(task_seconds.values()),
                   "skip_norms": summary["skip_norms"] if summary else None,
                   "log": _read_log(run_dir) if summary else []}
         if r.is_main:
@@ -439,13 +439,25 @@ def summarise(runs: list[dict], methods: list[str], args: CompareArgs, protocol:
         norms = [r["skip_norms"] for r in mine if r["skip_norms"]]
         table[method] = {
             "trainable_params": mine[0]["trainable_params"], "seeds": [r["seed"] for r in mine], "metrics": cells,
-            "train_tokens": mine[0]["train_tokens"], "train_seconds": float(np.mean([r["train_seconds"] for r in mine])),
-            "eval_seconds": float(np.mean([r["eval_seconds"] for r in mine])),
+            "train_tokens": mine[0]["train_tokens"], "train_seconds": _mean_known([r["train_seconds"] for r in mine]),
+            "eval_seconds": _mean_known([r["eval_seconds"] for r in mine]),
             "skip_norms": np.mean(norms, axis=0).tolist() if norms else None,
             "lr": mine[0].get("lr"),
         }
     return {"model": args.model, "preset": args.preset, "protocol": protocol, "seeds": seeds, "eval_limits": limits,
             "train": train_args, "methods": table, "wall_seconds": seconds, "args": asdict(args)}
+
+
+def _mean_known(seconds: list[float | None]) -> dict:
+    """The mean over the runs whose time is on record, and how many of them there are."""
+    known = [x for x in seconds if x is not None]
+    return {"mean": float(np.mean(known)) if known else None, "runs": len(known), "of": len(seconds)}
+
+
+def _fmt_seconds(t: dict) -> str:
+    if t["mean"] is None:
+        return "unknown"
+    return f"{t['mean']:.0f}s" + (f" ({t['runs']} of {t['of']} runs)" if t["runs"] < t["of"] else "")
 
 
 def _fmt(cell: dict, ppl: bool) -> str:
@@ -472,7 +484,7 @@ def render_report(report: dict) -> str:
         cells = [_fmt(row["metrics"][f"{t}.{m}"], "perplexity" in m) for t, m in COLUMNS[protocol]]
         params = f"{row['trainable_params'] / 1e6:.2f}M" if row["trainable_params"] else "–"
         lines.append(f"| {method} | {params} | " + " | ".join(cells)
-                     + f" | {row['train_tokens']:,} | {row['train_seconds']:.0f}s | {row['eval_seconds']:.0f}s |")
+                     + f" | {row['train_tokens']:,} | {_fmt_seconds(row['train_seconds'])} | {_fmt_seconds(row['eval_seconds'])} |")
     lines += ["", "The paper's Table 2 (Pythia, its own protocol on 500-item subsets, one seed), for reference:", "",
               "| model | method | params | LAMBADA | HellaSwag | ARC-E | PPL |", "|---|---|---|---|---|---|---|"]
     for model, rows in PAPER_TABLE.items():

@@ -387,6 +387,9 @@ def _train(args: TrainArgs, model, tokenizer, progress: bool, device: torch.devi
     audit = _Bf16Audit(params) if precision.name == "bf16-true" else None
     bar = tqdm(total=args.steps, initial=step, desc=f"train {args.method}", disable=not (progress and r.is_main))
     loop_start, loop_start_step = time.monotonic(), step
+    # Training seconds carry over a resume in the log, so a run stopped and resumed reports its whole time;
+    # a checkpoint written before the log kept them leaves the total unknown.
+    seconds_before = 0.0 if step == 0 else log[-1].get("seconds")
     while step < args.steps:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args)
@@ -425,6 +428,8 @@ def _train(args: TrainArgs, model, tokenizer, progress: bool, device: torch.devi
                   "tokens_per_second": (step - loop_start_step) * tokens_per_step / max(elapsed, 1e-9)}
         if step % args.eval_every == 0 or step == args.steps:
             record["heldout_loss"] = heldout_loss(wrapped, held_ids, held_labels, args, device)
+        if seconds_before is not None:
+            record["seconds"] = seconds_before + time.monotonic() - loop_start
         log.append(record)
         if r.is_main:
             with open(log_path, "a") as f:
@@ -457,6 +462,7 @@ def _train(args: TrainArgs, model, tokenizer, progress: bool, device: torch.devi
         "final_heldout_loss": heldout[-1],
         "skip_norms": norms,
         "wall_seconds": time.monotonic() - wall_start,
+        "train_seconds": log[-1].get("seconds"),
         "precision": precision.name, "device": str(device), "world_size": r.world_size, "strategy": args.strategy,
         "data": data_desc,
     }
