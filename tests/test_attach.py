@@ -116,7 +116,7 @@ def test_generation_with_kv_cache_matches_without(family, mode):
         cached = model.generate(ids, use_cache=True, **kwargs)
         uncached = model.generate(ids, use_cache=False, **kwargs)
     assert torch.equal(cached.sequences, uncached.sequences)
-    for a, b in zip(cached.logits, uncached.logits):
+    for a, b in zip(cached.logits, uncached.logits, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
@@ -135,7 +135,7 @@ def test_kv_cache_has_exactly_the_base_shapes_dtypes_and_bytes(family):
     set_adapter(adapted, "random")
     adapted_cache = _cache_tensors(adapted, ids)
     assert len(base_cache) == len(adapted_cache) == 2 * base.config.num_hidden_layers
-    for b, a in zip(base_cache, adapted_cache):
+    for b, a in zip(base_cache, adapted_cache, strict=True):
         assert (a.shape, a.dtype, a.nbytes) == (b.shape, b.dtype, b.nbytes)
         assert not torch.equal(a, b)  # computed from x̃, not x̂
 

@@ -294,4 +294,4 @@ def test_cuda_eval_matches_cpu():
     cpu = LogLikelihood(model, CharTokenizer(), progress=False)(pairs)
     gpu = LogLikelihood(model.to("cuda"), CharTokenizer(), progress=False)(pairs)
     assert [g for _, g in cpu] == [g for _, g in gpu]
-    assert all(abs(a - b) < 1e-4 for (a, _), (b, _) in zip(cpu, gpu))
+    assert all(abs(a - b) < 1e-4 for (a, _), (b, _) in zip(cpu, gpu, strict=True))

@@ -71,7 +71,7 @@ def assert_same_run(a: Path, b: Path, tol: float) -> None:
         assert torch.allclose(ta[k], tb[k], rtol=0, atol=tol), (k, float((ta[k] - tb[k]).abs().max()))
     la, lb = log_of(a), log_of(b)
     assert [r["step"] for r in la] == [r["step"] for r in lb]
-    for ra, rb in zip(la, lb):
+    for ra, rb in zip(la, lb, strict=True):
         for key in ("loss", "heldout_loss"):
             assert (key in ra) == (key in rb)
             if key in ra:
@@ -211,7 +211,7 @@ def test_pretraining_on_two_processes_equals_one_process_at_twice_the_batch(setu
     assert proc.stdout.count("summary:") == 1
     one, two = log_of(root / "pt-one"), log_of(root / "pt-two")
     assert [r["step"] for r in one] == [r["step"] for r in two] == [0, 1, 2, 3, 4, 5, 6]
-    for a, b in zip(one, two):
+    for a, b in zip(one, two, strict=True):
         for key in ("loss", "heldout_loss"):
             assert (key in a) == (key in b) and abs(a.get(key, 0) - b.get(key, 0)) <= 1e-5, (a, b)
     wa, wb = load_file(root / "pt-one" / "model.safetensors"), load_file(root / "pt-two" / "model.safetensors")

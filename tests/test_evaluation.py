@@ -50,7 +50,7 @@ def test_batched_scores_equal_one_at_a_time_full_logits(family):
              for a, b in [(5, 3), (1, 1), (30, 7), (12, 12), (2, 20)]]
     score = LogLikelihood(model, CharTokenizer(), batch_tokens=64, progress=False)
     assert score.fast
-    for (ll, greedy), pair in zip(score(pairs), pairs):
+    for (ll, greedy), pair in zip(score(pairs), pairs, strict=True):
         ref_ll, ref_greedy = _reference(model, *pair)
         assert ll == pytest.approx(ref_ll, rel=1e-5, abs=1e-4) and greedy == ref_greedy
 

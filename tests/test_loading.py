@@ -21,7 +21,7 @@ def test_local_directory_loads_through_automodel(tmp_path, smollm2):
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     loaded, _ = load_model(str(tmp_path))
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values(), strict=True))
     # every name `--precision` takes is also a dtype: "auto" loads the base in float32 whatever it then runs in
     for name, dtype in {"auto": torch.float32, "bf16-true": torch.bfloat16, "float16": torch.float16}.items():
         assert {p.dtype for p in load_model(str(tmp_path), dtype=name)[0].parameters()} == {dtype}
@@ -94,7 +94,7 @@ def test_embedded_model_exact_noop_cache_round_trip_and_detach(smollm2, tmp_path
             cached = model.generate(ids, use_cache=True, **kwargs)
             uncached = model.generate(ids, use_cache=False, **kwargs)
         assert torch.equal(cached.sequences, uncached.sequences)
-        for a, b in zip(cached.logits, uncached.logits):
+        for a, b in zip(cached.logits, uncached.logits, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
 
         save_adapter(model, tmp_path)

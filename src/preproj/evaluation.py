@@ -190,7 +190,7 @@ class LogLikelihood:
         except (TypeError, ValueError, RuntimeError):  # a forward that takes no 4D mask or position ids
             return False
         plain = self._score_batch([self._plain_row(i, ctx, c) for i, c in enumerate(conts)], len(conts))
-        return all(abs(a[0] - b[0]) <= PACK_CHECK_NATS * len(c) and a[1] == b[1] for a, b, c in zip(packed, plain, conts))
+        return all(abs(a[0] - b[0]) <= PACK_CHECK_NATS * len(c) and a[1] == b[1] for a, b, c in zip(packed, plain, conts, strict=True))
 
     @torch.no_grad()
     def _score(self, rows: list[_Row], n_results: int, desc: str) -> list[tuple[float, bool]]:
@@ -211,7 +211,7 @@ class LogLikelihood:
             indices = [i for row in batch for i, _, _ in row.targets]
             local = {i: k for k, i in enumerate(indices)}
             batch = [_Row(row.ids, row.positions, [(local[i], c, t) for i, c, t in row.targets]) for row in batch]
-            scored += zip(indices, self._score_batch(batch, len(indices)))
+            scored += zip(indices, self._score_batch(batch, len(indices)), strict=True)
             bar.update(len(indices))
         bar.close()
         results: list[tuple[float, bool] | None] = [None] * n_results
@@ -251,7 +251,7 @@ class LogLikelihood:
                 greedy.append(logits.argmax(-1) == t)
         sums = torch.zeros(n_results, dtype=torch.float64, device=device).index_add_(0, owner_t, torch.cat(logprob).double())
         misses = torch.zeros(n_results, dtype=torch.long, device=device).index_add_(0, owner_t, (~torch.cat(greedy)).long())
-        return list(zip(sums.tolist(), (misses == 0).tolist()))
+        return list(zip(sums.tolist(), (misses == 0).tolist(), strict=True))
 
     def _packing_inputs(self, batch: list[_Row], width: int, device: torch.device) -> dict:
         """position_ids (B, T) and the 4D mask (B, 1, T, T) of a batch with packed rows: causal, and a choice's
@@ -319,7 +319,7 @@ def _multiple_choice(score: LogLikelihood, docs: list[dict], context_of, choices
             groups += [(c, [cont]) for c, cont in mine]
     results = score.choices(groups, desc=desc)
     acc, acc_norm = [], []
-    for index, (doc, (start, k)) in enumerate(zip(docs, spans)):
+    for index, (doc, (start, k)) in enumerate(zip(docs, spans, strict=True)):
         lls = np.array([results[start + j][0] for j in range(k)])
         tokens = [len(pairs[start + j][1]) for j in range(k)]
         record = {"index": index, "gold": int(doc["gold"]), "lls": lls.tolist(), "tokens": tokens}
@@ -349,7 +349,7 @@ def lambada_harness(score: LogLikelihood, docs: list[dict], items: list | None =
     results = score(pairs, desc="lambada")
     lls, hits = [r[0] for r in results], [float(r[1]) for r in results]
     if items is not None:
-        items += [{"index": i, "ll": ll, "acc": hit, "tokens": len(p[1])} for i, (ll, hit, p) in enumerate(zip(lls, hits, pairs))]
+        items += [{"index": i, "ll": ll, "acc": hit, "tokens": len(p[1])} for i, (ll, hit, p) in enumerate(zip(lls, hits, pairs, strict=True))]
     ppl = math.exp(-np.mean(lls))
     return {"acc": float(np.mean(hits)), "perplexity": ppl, "n": len(docs), "acc_stderr": mean_stderr(hits),
             "perplexity_stderr": ppl * mean_stderr(lls)}
@@ -365,7 +365,7 @@ def lambada_paper(score: LogLikelihood, docs: list[dict], items: list | None = N
     results = score([pairs[i] for i in kept], desc="lambada (paper)")
     hits = [float(r[1]) for r in results]
     if items is not None:
-        items += [{"index": i, "ll": r[0], "acc": hit, "tokens": len(pairs[i][1])} for i, r, hit in zip(kept, results, hits)]
+        items += [{"index": i, "ll": r[0], "acc": hit, "tokens": len(pairs[i][1])} for i, r, hit in zip(kept, results, hits, strict=True)]
     return {"acc": float(np.mean(hits)), "n": len(kept), "skipped_over_512_tokens": len(pairs) - len(kept),
             "acc_stderr": mean_stderr(hits)}
 
@@ -381,7 +381,7 @@ def wikitext_harness(score: LogLikelihood, docs: list[dict], items: list | None 
             owner.append(i)
     results = score(windows, desc="wikitext")
     doc_ll, doc_tokens = np.zeros(len(docs)), np.zeros(len(docs), dtype=np.int64)
-    for i, (ll, _), (_, cont) in zip(owner, results, windows):
+    for i, (ll, _), (_, cont) in zip(owner, results, windows, strict=True):
         doc_ll[i] += ll
         doc_tokens[i] += len(cont)
     words = np.array([len(re.split(r"\s+", d["page"])) for d in docs], dtype=np.float64)
@@ -415,9 +415,9 @@ def wikitext_paper(score: LogLikelihood, rows: list[str], items: list | None = N
     of model(ids, labels=ids): every token after the first is predicted."""
     pairs = [(ids[:1], ids[1:]) for _, ids in paper_wikitext_rows(rows, score.encode_special)]
     results = score(pairs, desc="wikitext (paper)")
-    line_loss = [-ll / len(cont) for (ll, _), (_, cont) in zip(results, pairs)]
+    line_loss = [-ll / len(cont) for (ll, _), (_, cont) in zip(results, pairs, strict=True)]
     if items is not None:
-        items += [{"index": i, "ll": ll, "tokens": len(cont)} for i, ((ll, _), (_, cont)) in enumerate(zip(results, pairs))]
+        items += [{"index": i, "ll": ll, "tokens": len(cont)} for i, ((ll, _), (_, cont)) in enumerate(zip(results, pairs, strict=True))]
     ppl = math.exp(np.mean(line_loss))
     return {"perplexity": ppl, "n": len(pairs), "perplexity_stderr": ppl * mean_stderr(line_loss)}
 
