@@ -1,0 +1,66 @@
+"""The analysis scripts under scripts/, on small synthetic inputs with known answers."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _adapter(path: Path, skips: list[torch.Tensor]) -> Path:
+    path.mkdir(parents=True)
+    tensors = {f"layers.{i}.skip.weight": w for i, w in enumerate(skips)}
+    tensors.update({f"layers.{i}.preproj.up.weight": torch.randn(8, 4) for i in range(len(skips))})
+    save_file(tensors, path / "adapter_model.safetensors")
+    return path
+
+
+def test_skip_agreement_tells_shared_matrices_from_matrices_of_the_same_norm(tmp_path):
+    agreement = _load("skip_agreement")
+    g = torch.Generator().manual_seed(0)
+    d = 64
+    shared = [torch.randn(d, d, generator=g) for _ in range(3)]
+    a = _adapter(tmp_path / "a", shared)
+    same = _adapter(tmp_path / "same", [2 * w for w in shared])  # same direction, twice the norm
+    # unrelated matrices scaled to exactly the norms of a's: equal norms, cosine near zero
+    other = [torch.randn(d, d, generator=g) for _ in range(3)]
+    unrelated = _adapter(tmp_path / "unrelated", [o / o.norm() * w.norm() for o, w in zip(other, shared, strict=True)])
+    result = agreement.agreement([a, same, unrelated])
+    assert result["chance_cosine"] == 1 / d and [x["layer"] for x in result["layers"]] == [0, 1, 2]
+    for x, w in zip(result["layers"], shared, strict=True):
+        assert x["norms"][0] == pytest.approx(float(w.norm())) and x["norms"][1] == pytest.approx(2 * x["norms"][0])
+        assert x["norms"][2] == pytest.approx(x["norms"][0])
+        assert x["cosines"]["a~same"] == pytest.approx(1.0, abs=1e-6)
+        assert abs(x["cosines"]["a~unrelated"]) < 4 / d and abs(x["cosines"]["same~unrelated"]) < 4 / d
+
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, str(SCRIPTS / "skip_agreement.py"), str(a), str(same), "--out", str(out)],
+                         capture_output=True, text=True, check=True)
+    assert "1.000" in run.stdout and (out / "agreement.png").stat().st_size > 0
+    assert json.loads((out / "agreement.json").read_text())["layers"][0]["cosines"]["a~same"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_skip_agreement_refuses_adapters_without_a_skip(tmp_path):
+    agreement = _load("skip_agreement")
+    path = tmp_path / "lora"
+    path.mkdir()
+    save_file({"layers.0.lora_A.weight": torch.zeros(2, 2)}, path / "adapter_model.safetensors")
+    with pytest.raises(SystemExit, match="no W_skip"):
+        agreement.agreement([path, path])
+    with pytest.raises(SystemExit, match="not found"):
+        agreement.agreement([tmp_path / "missing", path])
