@@ -65,7 +65,7 @@ def test_compare_writes_table_results_and_plots(tmp_path, tiny_real_vocab_model,
     assert (out / "preproj+skip-seed42" / "items.lambada.jsonl").is_file()
     text = (out / "report.md").read_text()
     assert f"training {results['precision']}, evaluation fp32" in text
-    assert "| preproj+skip | 0.01M |" in text and "## Paired differences" in text and "Pythia-160M" in text and "## What agrees" in text
+    assert "| preproj+skip | 0.01M |" in text and "| base | – |" in text and "| 0 | – |" in text and "## Paired differences" in text and "Pythia-160M" in text and "## What agrees" in text
     # every claim about two methods that were run, with a verdict from its paired entry; the depth claim from skip norms
     claims = {(c["method"], c["reference"], c["metric"]): c for c in results["claims"]}
     assert set(claims) == {(m, r, f"{t}.{metric}") for m, r in (("preproj+skip", "base"), ("preproj+skip", "lora"))

@@ -482,9 +482,11 @@ def render_report(report: dict) -> str:
              "|---" * (len(HEADERS[protocol]) + 5) + "|"]
     for method, row in report["methods"].items():
         cells = [_fmt(row["metrics"][f"{t}.{m}"], "perplexity" in m) for t, m in COLUMNS[protocol]]
-        params = f"{row['trainable_params'] / 1e6:.2f}M" if row["trainable_params"] else "–"
+        trained = bool(row["trainable_params"])
+        params = f"{row['trainable_params'] / 1e6:.2f}M" if trained else "–"
+        train_time = _fmt_seconds(row["train_seconds"]) if trained else "–"
         lines.append(f"| {method} | {params} | " + " | ".join(cells)
-                     + f" | {row['train_tokens']:,} | {_fmt_seconds(row['train_seconds'])} | {_fmt_seconds(row['eval_seconds'])} |")
+                     + f" | {row['train_tokens']:,} | {train_time} | {_fmt_seconds(row['eval_seconds'])} |")
     lines += ["", "The paper's Table 2 (Pythia, its own protocol on 500-item subsets, one seed), for reference:", "",
               "| model | method | params | LAMBADA | HellaSwag | ARC-E | PPL |", "|---|---|---|---|---|---|---|"]
     for model, rows in PAPER_TABLE.items():
