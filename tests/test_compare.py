@@ -102,11 +102,11 @@ def test_compare_writes_table_results_and_plots(tmp_path, tiny_real_vocab_model,
     assert lora_run["eval_seconds"] == sum(parts) > 0
     assert lora_run["train_seconds"] == json.loads((lora_dir / "summary.json").read_text())["train_seconds"] > 0
     # ... but only if the weights are the very ones it scored
-    kept = json.loads((out / "lora-seed42" / "eval.lambada.json").read_text())
+    kept = json.loads((lora_dir / "eval.lambada.json").read_text())
     assert len(kept["setting"]["weights"]) == 64
     kept["setting"]["weights"] = "0" * 64
-    (out / "lora-seed42" / "eval.lambada.json").write_text(json.dumps(kept))
-    (out / "lora-seed42" / "result.json").unlink()
+    (lora_dir / "eval.lambada.json").write_text(json.dumps(kept))
+    (lora_dir / "result.json").unlink()
     # a task kept from before evaluation times were recorded leaves the run's evaluation time unknown
     older = json.loads((lora_dir / "eval.hellaswag.json").read_text())
     (lora_dir / "eval.hellaswag.json").write_text(json.dumps({k: v for k, v in older.items() if k != "seconds"}))
