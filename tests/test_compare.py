@@ -174,7 +174,11 @@ def test_learning_rates_are_swept_per_method_and_seeds_go_where_asked(tmp_path, 
     started = re.findall(r"\[compare\] (\S+) seed (\d+) \.\.\.", capsys.readouterr().out)
     assert started == [("base", "42"), ("skip", "42"), ("lora", "42"), ("skip", "43")]
     assert {p["seeds"][1] for p in report["paired"] if p["method"] == "skip" and p["reference"] == "base"} == {2}
-    assert "## Learning rates" in (tmp_path / "cmp" / "report.md").read_text()
+    text = (tmp_path / "cmp" / "report.md").read_text()
+    assert "## Learning rates" in text
+    # Seeds differ by method, so the report names each method's; the swept rates replace the default one.
+    assert "Seeds: skip 42, 43; lora 42." in text and "Seeds per method" not in text
+    assert "at each method's swept learning rate" in text and '"lr"' not in text.split("## Learning rates")[0]
     with pytest.raises(ValueError, match="reported WikiText-2 test"):
         monkeypatch.setitem(compare.PRESETS["cpu"], "train", {**small, "data": "wikitext2"})
         run_compare(args, progress=False)

@@ -460,6 +460,21 @@ def _fmt_seconds(t: dict) -> str:
     return f"{t['mean']:.0f}s" + (f" ({t['runs']} of {t['of']} runs)" if t["runs"] < t["of"] else "")
 
 
+def _fmt_training(report: dict) -> str:
+    """The shared training arguments; a swept learning rate is each method's own, so the default is not shown."""
+    if not report.get("sweep"):
+        return json.dumps(report["train"])
+    return json.dumps({k: v for k, v in report["train"].items() if k != "lr"}) + " at each method's swept learning rate"
+
+
+def _fmt_seeds(report: dict) -> str:
+    """One count when every trained method has the same seeds, else each method's seeds (an interim report)."""
+    trained = {m: row["seeds"] for m, row in report["methods"].items() if row["trainable_params"]}
+    if len({tuple(s) for s in trained.values()}) <= 1:
+        return f"Seeds per method: {report['seeds']}"
+    return "Seeds: " + "; ".join(f"{m} {', '.join(map(str, s))}" for m, s in trained.items())
+
+
 def _fmt(cell: dict, ppl: bool) -> str:
     value = f"{cell['mean']:.2f}" if ppl else f"{cell['mean']:.3f}"
     if cell["ci95"] is None:
@@ -475,8 +490,8 @@ def render_report(report: dict) -> str:
     lines = [f"# preproj compare: {report['model']} (preset {report['preset']})", "", *interim,
              f"Protocol `{protocol}`; evaluation items per task: "
              + (", ".join(f"{k} {v}" for k, v in report["eval_limits"].items()) or "the protocol's defaults")
-             + f". Training: {json.dumps(report['train'])}. Precision, the same for every method: training "
-             f"{report.get('precision', '?')}, evaluation {report.get('eval_precision', '?')}. Seeds per method: {report['seeds']}. "
+             + f". Training: {_fmt_training(report)}. Precision, the same for every method: training "
+             f"{report.get('precision', '?')}, evaluation {report.get('eval_precision', '?')}. {_fmt_seeds(report)}. "
              "Intervals are 95%: over seeds when there are several, else 1.96 x the metric's standard error.", "",
              "| method | trainable params | " + " | ".join(HEADERS[protocol]) + " | train tokens | train time | eval time |",
              "|---" * (len(HEADERS[protocol]) + 5) + "|"]
