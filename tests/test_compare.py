@@ -227,3 +227,18 @@ def test_agreement_paragraph_has_no_direction_where_the_paper_saw_no_change():
     # the paper's Pythia-160M LoRA has HellaSwag 0.326, the same as its base
     report = {"protocol": "harness", "methods": {"base": row(0.30, 0.40, 0.50, 30.0), "lora": row(0.30, 0.375, 0.50, 40.0)}}
     assert "HellaSwag -0.025 (paper +0: no change in the paper; ours not detectable)" in agreement_paragraph(report)
+
+
+def test_paired_paragraph_counts_the_calls_chance_alone_would_make():
+    def row(i, verdict):
+        return {"method": f"m{i}", "reference": "base", "metric": "lambada.acc", "verdict": verdict,
+                "text": "+0.010 [+0.001, +0.019]: " + verdict}
+    many = {"seeds": 3, "paired": [row(i, "better" if i < 3 else "no detectable difference") for i in range(60)]}
+    text = compare.paired_paragraph(many)
+    assert "over seeds" in text and "The other 57 comparisons" in text
+    assert "not corrected for the 60 comparisons" in text and "about 3 of them" in text
+    few = {"seeds": 1, "paired": [row(i, "no detectable difference") for i in range(5)]}
+    text = compare.paired_paragraph(few)
+    assert "conditional on one training seed" in text and "not corrected" not in text
+    assert "any of the 5 comparisons" in text
+
