@@ -241,4 +241,3 @@ def test_paired_paragraph_counts_the_calls_chance_alone_would_make():
     text = compare.paired_paragraph(few)
     assert "conditional on one training seed" in text and "not corrected" not in text
     assert "any of the 5 comparisons" in text
-

@@ -551,7 +551,8 @@ def paired_paragraph(report: dict) -> str:
                                           f"({p['text'].split(':')[0]})" for p in called) + "."
         said += f" The other {len(paired) - len(called)} comparisons show no detectable difference."
     if len(paired) >= 20:
-        # Expected false calls are 5% of the comparisons whatever their dependence (linearity of expectation).
+        # Expected false calls are 5% of the comparisons whatever their dependence (linearity of expectation);
+        # from 20 comparisons on that is at least one.
         said += (f" Each interval is 95% on its own, not corrected for the {len(paired)} comparisons: were every "
                  f"method the same, about {0.05 * len(paired):.0f} of them would still be called on average, so an "
                  "interval that only just excludes zero is weak evidence by itself.")
