@@ -468,7 +468,8 @@ def _fmt_training(report: dict) -> str:
 
 
 def _fmt_seeds(report: dict) -> str:
-    """One count when every trained method has the same seeds, else each method's seeds (an interim report)."""
+    """One count when every trained method has the same seeds, else each method's seeds (an interim report, or
+    `--seeded-methods` giving some methods more seeds than others)."""
     trained = {m: row["seeds"] for m, row in report["methods"].items() if row["trainable_params"]}
     if len({tuple(s) for s in trained.values()}) <= 1:
         return f"Seeds per method: {report['seeds']}"
