@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import transformers
 
@@ -241,3 +243,24 @@ def test_paired_paragraph_counts_the_calls_chance_alone_would_make():
     text = compare.paired_paragraph(few)
     assert "conditional on one training seed" in text and "not corrected" not in text
     assert "any of the 5 comparisons" in text
+
+
+def test_paired_under_the_paper_protocol_scores_wikitext_by_the_papers_perplexity(tmp_path):
+    """The bf16 question's comparison: `eval --protocol paper --items` records, one file per seed, paired over rows and
+    seeds; the paper's perplexity is exp of the mean row loss, whatever each row's length."""
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(10, 500, size=150)
+
+    def write(name: str, shift: float) -> str:
+        path = tmp_path / f"{name}.items.jsonl"
+        path.write_text("".join(json.dumps({"task": "wikitext", "index": i, "ll": -(3.0 + shift + 0.01 * (i % 7)) * n,
+                                            "tokens": int(n)}) + "\n" for i, n in enumerate(tokens)))
+        return str(path)
+
+    a = ",".join(write(f"a{s}", 0.0) for s in range(3))
+    b = ",".join(write(f"b{s}", -0.05 - 0.001 * s) for s in range(3))
+    assert main(["paired", a, b, "--protocol", "paper", "--out", str(tmp_path / "p.json")]) == 0
+    (p,) = json.loads((tmp_path / "p.json").read_text())["paired"]
+    mean_loss = 3.0 + 0.01 * np.mean([i % 7 for i in range(150)])
+    assert p["metric"] == "wikitext.perplexity" and p["a"] == pytest.approx(math.exp(mean_loss))
+    assert p["b"] == pytest.approx(math.exp(mean_loss - 0.051)) and p["verdict"] == "better" and p["seeds"] == [3, 3]

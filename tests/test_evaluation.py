@@ -272,6 +272,14 @@ def test_per_item_records_round_trip_and_give_the_metrics(tmp_path):
     ppl = math.exp(-sum(r["ll"] for r in docs) / sum(r["words"] for r in docs))
     assert ppl == pytest.approx(report["tasks"]["wikitext"]["word_perplexity"], rel=1e-12)
     assert sum(r["tokens"] for r in docs) == report["tasks"]["wikitext"]["tokens"]
+    # the paper's WikiText (the bf16 question's metric): one record per scored row, exp of the mean row loss
+    model.config.max_position_embeddings = 1024  # a row is up to 512 tokens, here characters; RoPE has no table
+    paper = evaluate(model, CharTokenizer(), ["wikitext"], protocol="paper", max_length=1024, data_dir=data_dir(),
+                     progress=False, out=tmp_path / "p.json", items_out=tmp_path / "p.items.jsonl")
+    rows = read_items(tmp_path / "p.items.jsonl")["wikitext"]
+    assert len(rows) == paper["tasks"]["wikitext"]["n"] > 100
+    assert math.exp(np.mean([-r["ll"] / r["tokens"] for r in rows])) == pytest.approx(
+        paper["tasks"]["wikitext"]["perplexity"], rel=1e-12)
 
 
 def test_paper_lambada_target_has_no_bos_for_tokenizers_that_add_one():
