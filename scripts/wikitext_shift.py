@@ -75,7 +75,7 @@ def main() -> None:
             write_json(out / f"{name}.{text}-{window}.json", score_documents(model, tokenizer, pages, text, window))
 
     lines = [f"Loss per token (nats), adapters minus base, on the first {len(pages)} WikiText-2 test documents; "
-             "95% paired bootstrap interval over documents and seeds.", "",
+             "95% interval: a paired bootstrap over documents, widened by the seeds' variance (stats.py).", "",
              "| text | window | base | adapters | difference [95% interval] |", "|---|---|---|---|---|"]
     results = []
     for text, window in CONDITIONS:

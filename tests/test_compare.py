@@ -237,7 +237,7 @@ def test_paired_paragraph_counts_the_calls_chance_alone_would_make():
                 "text": "+0.010 [+0.001, +0.019]: " + verdict}
     many = {"seeds": 3, "paired": [row(i, "better" if i < 3 else "no detectable difference") for i in range(60)]}
     text = compare.paired_paragraph(many)
-    assert "over seeds" in text and "The other 57 comparisons" in text
+    assert "seed-to-seed variance" in text and "The other 57 comparisons" in text
     assert "not corrected for the 60 comparisons" in text and "about 3 of them" in text
     few = {"seeds": 1, "paired": [row(i, "no detectable difference") for i in range(5)]}
     text = compare.paired_paragraph(few)

@@ -540,8 +540,10 @@ def paired_paragraph(report: dict) -> str:
     paired = report["paired"]
     seeds = report["seeds"]
     how = ("Each cell is the paired difference (method minus the reference; for perplexity and held-out loss, "
-           "lower is better) with its 95% bootstrap interval over the same items"
-           + (" and over seeds" if seeds > 1 else ", conditional on one training seed per method")
+           "lower is better) with its 95% interval: a paired bootstrap over the same items"
+           + (", widened by each method's seed-to-seed variance with a t-quantile (a method with one seed adds "
+              "none, so there the interval is conditional on that seed)" if seeds > 1
+              else ", conditional on one training seed per method")
            + ". A difference is called better or worse only when its interval excludes zero; otherwise the cell "
            "gives the smallest effect this run could have detected (80% power).")
     called = [p for p in paired if p["verdict"] != "no detectable difference"]

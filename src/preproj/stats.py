@@ -5,14 +5,19 @@ perplexity and held-out loss: a (negative log-likelihood, count) pair per docume
 ratios of sums). A comparison resamples *items* with the same indices for both methods, which keeps
 the pairing: item difficulty cancels, and the interval is far narrower than two unpaired ones.
 
-With several seeds per method the effect is the difference of the seed-averaged metrics, and the
-bootstrap resamples seeds (within each method) and items together, so the interval carries both
-sources of variation. With a single seed on each side only items are resampled, and the interval
-is conditional on that seed.
+With several seeds per method the effect is the difference of the seed-averaged metrics, and its
+variance has two parts: the items' (the paired bootstrap over items, all seeds kept) and the seeds'
+(each method's between-seed variance of its metric, less the seed-by-item part that the items'
+bootstrap already carries, over its number of seeds). The interval is the effect ± a t-quantile
+times the combined standard error, with Welch-Satterthwaite degrees of freedom from the seeds' part.
+Resampling seeds inside the bootstrap instead would understate their spread by a factor (n-1)/n and
+ignore how few they are: with three seeds its intervals cover far less than 95%. A method with a
+single seed contributes no seed variance, so the interval is conditional on that seed; with no seed
+variance at all it is the bootstrap's percentile interval.
 
 "no detectable difference" always comes with the smallest effect the run could have detected: the
-effect that an interval of this width would exclude zero for with 80% probability, 2.8 standard
-errors (z 0.975 + z 0.80) of the bootstrap distribution.
+effect that an interval of this width would exclude zero for with 80% probability, (z 0.975 + z 0.80)
+standard errors, or the same in t-quantiles when the seeds' variance enters.
 """
 
 from __future__ import annotations
@@ -75,23 +80,50 @@ def paired_bootstrap(a: np.ndarray, b: np.ndarray, statistic: Callable[[np.ndarr
     """Effect of B over A with a 95% interval.
 
     a, b: (seeds, items, ...) per-item values of the same items (seeds may differ between a and b).
-    statistic maps (..., items, ...) to the metric. Each replicate draws seeds with replacement within
-    each method (when a method has more than one) and items with replacement, the same items for both."""
+    statistic maps (..., items, ...) to the metric. Each bootstrap replicate draws items with
+    replacement, the same items for both; seeds enter through their variance (module docstring)."""
+    from scipy import stats as scipy_stats
+
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape[1:] != b.shape[1:]:
         raise ValueError(f"paired comparison needs the same items on both sides, got shapes {a.shape} and {b.shape}.")
     n_items = a.shape[1]
     rng = np.random.default_rng(seed)
-    effects = np.empty(n_boot)
+    boot_a, boot_b = np.empty((n_boot, len(a))), np.empty((n_boot, len(b)))  # each seed's metric per replicate
     for k in range(n_boot):
         items = rng.integers(0, n_items, n_items)
-        sa = rng.integers(0, len(a), len(a)) if len(a) > 1 else np.zeros(1, dtype=int)
-        sb = rng.integers(0, len(b), len(b)) if len(b) > 1 else np.zeros(1, dtype=int)
-        effects[k] = statistic(b[sb][:, items]).mean() - statistic(a[sa][:, items]).mean()
-    value_a, value_b = float(statistic(a).mean()), float(statistic(b).mean())
-    low, high = np.percentile(effects, [2.5, 97.5])
-    return Paired(metric, value_a, value_b, value_b - value_a, float(low), float(high),
-                  float(MDE_Z * effects.std(ddof=1)), n_items, (len(a), len(b)), higher_is_better)
+        boot_a[k], boot_b[k] = statistic(a[:, items]), statistic(b[:, items])
+    effects = boot_b.mean(axis=1) - boot_a.mean(axis=1)
+    per_seed_a, per_seed_b = statistic(a), statistic(b)  # (seeds,)
+    effect = float(per_seed_b.mean() - per_seed_a.mean())
+    seed_parts = [_seed_variance(v, boot) / len(v) for v, boot in ((per_seed_a, boot_a), (per_seed_b, boot_b))
+                  if len(v) > 1]
+    seed_dfs = [len(v) - 1 for v in (per_seed_a, per_seed_b) if len(v) > 1]
+    var_seeds = float(sum(seed_parts))
+    if var_seeds == 0:
+        low, high = np.percentile(effects, [2.5, 97.5])
+        mde = MDE_Z * effects.std(ddof=1)
+    else:
+        var = effects.var(ddof=1) + var_seeds
+        df = var**2 / sum(part**2 / d for part, d in zip(seed_parts, seed_dfs))  # the items' part: infinite df
+        t = scipy_stats.t.ppf(0.975, df)
+        low, high = effect - t * math.sqrt(var), effect + t * math.sqrt(var)
+        mde = (t + scipy_stats.t.ppf(0.80, df)) * math.sqrt(var)
+    return Paired(metric, float(per_seed_a.mean()), float(per_seed_b.mean()), effect, float(low), float(high),
+                  float(mde), n_items, (len(a), len(b)), higher_is_better)
+
+
+def _seed_variance(per_seed: np.ndarray, boot: np.ndarray) -> float:
+    """Between-seed variance of a method's metric, less the part the items already carry.
+
+    On fixed items each seed's metric also differs from the others by how that seed's model fares on
+    these particular items (the seed-by-item interaction), which the bootstrap over items counts
+    already. Its size is how much the seeds' deviations from their mean move between bootstrap
+    replicates (times n/(n-1)); left in, it would be counted twice and the interval would be too wide
+    when the seeds barely differ."""
+    n = len(per_seed)
+    interaction = (boot - boot.mean(axis=1, keepdims=True)).var(axis=0, ddof=1).mean() * n / (n - 1)
+    return max(0.0, float(per_seed.var(ddof=1) - interaction))
 
 
 def describe(p: Paired, digits: int = 3) -> str:
