@@ -96,16 +96,15 @@ def paired_bootstrap(a: np.ndarray, b: np.ndarray, statistic: Callable[[np.ndarr
     effects = boot_b.mean(axis=1) - boot_a.mean(axis=1)
     per_seed_a, per_seed_b = statistic(a), statistic(b)  # (seeds,)
     effect = float(per_seed_b.mean() - per_seed_a.mean())
-    seed_parts = [_seed_variance(v, boot) / len(v) for v, boot in ((per_seed_a, boot_a), (per_seed_b, boot_b))
-                  if len(v) > 1]
-    seed_dfs = [len(v) - 1 for v in (per_seed_a, per_seed_b) if len(v) > 1]
-    var_seeds = float(sum(seed_parts))
+    seed_parts = [(_seed_variance(v, boot) / len(v), len(v) - 1)  # (variance of the seed mean, its df)
+                  for v, boot in ((per_seed_a, boot_a), (per_seed_b, boot_b)) if len(v) > 1]
+    var_seeds = float(sum(part for part, _ in seed_parts))
     if var_seeds == 0:
         low, high = np.percentile(effects, [2.5, 97.5])
         mde = MDE_Z * effects.std(ddof=1)
     else:
         var = effects.var(ddof=1) + var_seeds
-        df = var**2 / sum(part**2 / d for part, d in zip(seed_parts, seed_dfs))  # the items' part: infinite df
+        df = var**2 / sum(part**2 / d for part, d in seed_parts)  # the items' part: infinite df
         t = scipy_stats.t.ppf(0.975, df)
         low, high = effect - t * math.sqrt(var), effect + t * math.sqrt(var)
         mde = (t + scipy_stats.t.ppf(0.80, df)) * math.sqrt(var)
