@@ -24,5 +24,11 @@ for seed in 42 43 44; do
       --protocol paper --items --out "$run/eval.json"
   done
 done
+# The base, evaluated the same way, says whether each precision learned anything the paper's metric sees.
+[ -f "$OUT/base/eval.items.jsonl" ] || "$P" eval --precision bf16-true --tasks wikitext --protocol paper --items \
+  --out "$OUT/base/eval.json"
 files() { local p=$1; echo "$OUT/$p-seed42/eval.items.jsonl,$OUT/$p-seed43/eval.items.jsonl,$OUT/$p-seed44/eval.items.jsonl"; }
+for precision in bf16-true bf16-frozen; do
+  "$P" paired "$OUT/base/eval.items.jsonl" "$(files $precision)" --protocol paper --out "$OUT/paired-$precision-vs-base.json"
+done
 "$P" paired "$(files bf16-true)" "$(files bf16-frozen)" --protocol paper --out "$OUT/paired.json"
