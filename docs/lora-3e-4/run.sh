@@ -12,8 +12,8 @@ run=$OUT/lora-lr3e-4-seed42
   --warmup 16 --lr 3e-4 --seed 42 --precision fp32 --eval-every 64 --eval-batches 8 --save-every 32 --out "$run" --resume
 [ -f "$run/eval.items.jsonl" ] || "$P" eval --adapter "$run" --precision fp32 --tasks wikitext --items --out "$run/eval.json"
 study=docs/study-cpu
-"$P" paired "$study/lora-seed42/items.wikitext.jsonl,$study/lora-seed43/items.wikitext.jsonl,$study/lora-seed44/items.wikitext.jsonl" \
-  "$run/eval.items.jsonl" --out "$OUT/paired-vs-lora-1e-3.json"
-"$P" paired "$study/preproj+skip-seed42/items.wikitext.jsonl,$study/preproj+skip-seed43/items.wikitext.jsonl,$study/preproj+skip-seed44/items.wikitext.jsonl" \
-  "$run/eval.items.jsonl" --out "$OUT/paired-vs-preproj+skip.json"
-"$P" paired "$study/base-seed42/items.wikitext.jsonl" "$run/eval.items.jsonl" --out "$OUT/paired-vs-base.json"
+seeds() { echo "$study/$1-seed42/items.wikitext.jsonl,$study/$1-seed43/items.wikitext.jsonl,$study/$1-seed44/items.wikitext.jsonl"; }
+# `preproj paired A B` reports B - A.
+"$P" paired "$(seeds lora)" "$run/eval.items.jsonl" --out "$OUT/lora-3e-4-minus-lora-1e-3.json"
+"$P" paired "$study/base-seed42/items.wikitext.jsonl" "$run/eval.items.jsonl" --out "$OUT/lora-3e-4-minus-base.json"
+"$P" paired "$run/eval.items.jsonl" "$(seeds preproj+skip)" --out "$OUT/preproj+skip-minus-lora-3e-4.json"
