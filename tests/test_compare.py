@@ -205,6 +205,15 @@ def test_learning_rates_are_swept_per_method_and_seeds_go_where_asked(tmp_path, 
     # Comparing a subset of the methods keeps the others' sweep rows in sweep.json.
     run_compare(replace(args, methods="base,skip"), progress=False)
     assert json.loads((out / "sweep" / "sweep.json").read_text())["heldout_loss"] == sweep["heldout_loss"]
+    # METHOD@LR is an arm at a fixed rate beside the swept one; a second sweep seed retrains the best two rates.
+    both = run_compare(replace(args, methods="base,skip,skip@1e-3", sweep_seeds=2, seeds=1), progress=False)
+    assert both["methods"]["skip@1e-3"]["lr"] == 1e-3 and (out / "skip@1e-3-seed42" / "result.json").is_file()
+    assert {p["method"] for p in both["paired"] if p["reference"] == "base"} == {"skip", "skip@1e-3"}
+    finalists = json.loads((out / "sweep" / "sweep.json").read_text())["finalists"]["skip"]
+    assert all(len(losses) == 2 for losses in finalists.values()) and len(finalists) == 2
+    assert (out / "sweep" / "skip-lr0.0001-seed43" / "summary.json").is_file()
+    with pytest.raises(ValueError, match="METHOD@LR"):
+        run_compare(replace(args, methods="base,skip@fast"), progress=False)
 
 
 def test_a_sweep_keeps_rows_only_from_the_same_candidates_and_steps(tmp_path):

@@ -62,7 +62,10 @@ PRESETS = {
         "train": dict(data="wikitext2-train", packing="pack", seq_len=256, batch_size=4, grad_accum=1, steps=256, lr=3e-4,
                       warmup=16, eval_every=64, eval_batches=8, save_every=32),
         "eval": dict(protocol="harness", limits={}, max_length=2048),
-        "lr_sweep": "1e-4,3e-4,1e-3,3e-3", "sweep_steps": 64, "seeds": 3, "seeded_methods": "preproj+skip,lora,skip",
+        "lr_sweep": "1e-4,3e-4,1e-3,3e-3", "sweep_steps": 64, "sweep_seeds": 2, "seeds": 3,
+        # Every method at its own swept rate, and the two the rate confounds (issue 28) also at preproj+skip's 3e-4,
+        # the common rate; 3 seeds each. docs/study-cpu/analysis_plan.json declares the comparisons among them.
+        "methods": "base,preproj+skip,lora,skip,preproj,preproj+lora,lora@3e-4,skip@3e-4",
     },
     # The paper's exact protocol (PAPER.md §2) on whatever device is present: 4 x 4 x 512 tokens per
     # step; several processes split the 4 sequences of each micro-batch between them.
@@ -82,8 +85,9 @@ class CompareArgs:
 
     model: str = "smollm2-135m"
     """Embedded name, Hugging Face hub id or local directory."""
-    methods: str = ",".join(ALL_METHODS)
-    """Comma-separated: base, lora, preproj, skip, preproj+skip, preproj+lora."""
+    methods: str | None = None
+    """Comma-separated: base, lora, preproj, skip, preproj+skip, preproj+lora; METHOD@LR trains METHOD at that peak
+    learning rate instead of the swept one (its runs are METHOD@LR-seedN). Default: the preset's, else all six."""
     seeds: int | None = None
     """Seeds (42, 43, ...) per method of --seeded-methods; default: the preset's (cpu, paper: 1; study: 3)."""
     seeded_methods: str | None = None
@@ -96,6 +100,9 @@ class CompareArgs:
     training data's validation text after --sweep-steps. Default: the preset's (study: 1e-4,3e-4,1e-3,3e-3); 'none': --lr."""
     sweep_steps: int | None = None
     """Training steps of each sweep run (default: the preset's, else a quarter of the training steps)."""
+    sweep_seeds: int | None = None
+    """Seeds (42, 43, ...) for each method's best two sweep rates after seed 42; the choice is the lower mean over
+    them, so that a difference smaller than the seeds' spread does not decide. Default: the preset's, else 1."""
     steps: int | None = None
     """Override the preset's training steps."""
     limit: int | None = None
@@ -133,13 +140,14 @@ def _interval(values: list[float], stderr: float | None) -> float | None:
 def run_compare(args: CompareArgs, progress: bool = True) -> dict:
 
     check_args(args)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in ALL_METHODS]
-    if unknown or not methods:
-        raise ValueError(f"Unknown method(s) {unknown}; choose from {', '.join(ALL_METHODS)}.")
     if args.preset not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {args.preset!r}.")
     preset = PRESETS[args.preset]
+    methods = [m.strip() for m in (args.methods or preset.get("methods") or ",".join(ALL_METHODS)).split(",") if m.strip()]
+    if not methods:
+        raise ValueError(f"--methods is empty; choose from {', '.join(ALL_METHODS)}.")
+    for arm in methods:
+        arm_method_lr(arm)
     device = resolve_device(args.device)
     precision = as_precision(args.precision or preset["precision"], device)
     eval_precision = as_precision(args.eval_precision or preset["eval_precision"], device)
@@ -163,6 +171,23 @@ def run_compare(args: CompareArgs, progress: bool = True) -> dict:
         return _compare(args, methods, preset, precision, eval_precision, device, r, progress, lr_sweep)
 
 
+def arm_method_lr(arm: str) -> tuple[str, float | None]:
+    """'lora@3e-4' -> ('lora', 0.0003); 'lora' -> ('lora', None): an arm is a method, optionally at a fixed rate."""
+    method, at, lr_text = arm.partition("@")
+    if method not in ALL_METHODS:
+        raise ValueError(f"Unknown method {method!r} in {arm!r}; choose from {', '.join(ALL_METHODS)} (METHOD@LR for a "
+                         "fixed learning rate).")
+    if not at:
+        return method, None
+    try:
+        lr = float(lr_text)
+    except ValueError:
+        lr = math.nan
+    if method == "base" or not lr > 0 or not math.isfinite(lr):
+        raise ValueError(f"{arm!r}: METHOD@LR takes a trained method and a learning rate > 0, such as lora@3e-4.")
+    return method, lr
+
+
 def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eval_precision, device, r, progress: bool,
              lr_sweep: str | None) -> dict:
     from .loading import load_model
@@ -180,28 +205,36 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
         sweep_file = out / "sweep" / "sweep.json"
         sweep = json.loads(sweep_file.read_text()) if sweep_file.is_file() else None
     else:
-        sweep = sweep_learning_rates(args, methods, train_args, lr_sweep, precision, device, progress)
+        swept = list(dict.fromkeys(m for m, lr in map(arm_method_lr, methods) if m != "base" and lr is None))
+        sweep = sweep_learning_rates(args, swept, train_args, lr_sweep, precision, device, progress)
 
     runs, pending = [], []  # runs: one per finished (method, seed); pending: those a report-only pass finds unfinished
     # Seed by seed (every method's seed 42, then the seeded methods' 43, ...), so that a comparison stopped
     # part-way already pairs every method with every other.
     count = {m: seeds if m in seeded and m != "base" else 1 for m in methods}
     plan = [(m, 42 + k) for k in range(max(count.values())) for m in methods if k < count[m]]
-    for method, seed in plan:
-        run_dir = out / f"{method}-seed{seed}"
+    for arm, seed in plan:
+        method, fixed_lr = arm_method_lr(arm)
+        lr = None if method == "base" else fixed_lr or (sweep["chosen"][method] if sweep else train_args["lr"])
+        run_dir = out / f"{arm}-seed{seed}"
         done = run_dir / "result.json"
-        if done.is_file():  # resumable: a finished (method, seed) is not redone
+        if done.is_file():  # resumable: a finished (arm, seed) is not redone
             runs.append(json.loads(done.read_text()))
-            print(f"[compare] {method} seed {seed}: already done, reusing {done}")
+            trained_at = runs[-1]["lr"]
+            if not args.report_only and lr is not None and trained_at is not None and not math.isclose(trained_at, lr):
+                keep_as = out / f"{method}@{trained_at:g}-seed{seed}"
+                raise ValueError(f"{run_dir} was trained at lr {trained_at:g} but {arm} now trains at {lr:g} (the "
+                                 f"sweep's choice changed): rename it to {keep_as} to keep it as that arm, then run again.")
+            runs[-1]["method"] = arm
+            print(f"[compare] {arm} seed {seed}: already done, reusing {done}")
             continue
         if args.report_only:
             pending.append(run_dir.name)
             continue
-        print(f"[compare] {method} seed {seed} ...", flush=True)
+        print(f"[compare] {arm} seed {seed} ...", flush=True)
         model, tokenizer = load_model(args.model, dtype=precision.weights, device=device)
         summary = None
         if method != "base":
-            lr = sweep["chosen"][method] if sweep else train_args["lr"]
             targs = TrainArgs(model=args.model, method=method, out=str(run_dir), seed=seed, data_dir=args.data_dir,
                               resume=True, precision=precision.name, device=str(device), strategy=args.strategy,
                               report_to=args.report_to, **{**train_args, "lr": lr})
@@ -224,7 +257,7 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
             tasks[task], task_seconds[task] = res["tasks"][task], time.monotonic() - t0
             if r.is_main:
                 write_json(done_task, {"setting": setting, "result": tasks[task], "seconds": task_seconds[task]})
-        result = {"method": method, "seed": seed, "tasks": tasks, "run_dir": run_dir.name,
+        result = {"method": arm, "seed": seed, "tasks": tasks, "run_dir": run_dir.name,
                   "lr": targs.lr if summary else None,
                   "trainable_params": summary["trainable_params"] if summary else 0,
                   "train_tokens": summary["tokens_seen"] if summary else 0,
@@ -236,7 +269,7 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
         if r.is_main:
             write_json(done, result)
         runs.append(result)
-        print(f"[compare] {method} seed {seed}: " + ", ".join(
+        print(f"[compare] {arm} seed {seed}: " + ", ".join(
             f"{t} {m}={tasks[t][m]:.4g}" for t, m in COLUMNS[eval_cfg["protocol"]]), flush=True)
 
     if args.report_only:
@@ -383,26 +416,34 @@ def sweep_learning_rates(args: CompareArgs, methods: list[str], train_args: dict
     if not candidates or any(not lr > 0 for lr in candidates):
         raise ValueError(f"--lr-sweep needs learning rates > 0, got {lr_sweep!r}.")
     steps = args.sweep_steps or PRESETS[args.preset].get("sweep_steps") or max(1, train_args["steps"] // 4)
-    loss: dict[str, dict[str, float]] = {}
+    n_seeds = args.sweep_seeds or PRESETS[args.preset].get("sweep_seeds") or 1
     trained_in: set[str] = set()
-    for method in (m for m in methods if m != "base"):
-        for lr in candidates:
-            run_dir = out / f"{method}-lr{lr:g}"
-            if not (run_dir / "summary.json").is_file():
-                print(f"[compare] sweep {method} lr {lr:g} ({steps} steps) ...", flush=True)
-                model, tokenizer = load_model(args.model, dtype=precision.weights, device=device)
-                targs = TrainArgs(**{**train_args, "model": args.model, "method": method, "out": str(run_dir), "seed": 42,
-                                     "lr": lr, "steps": steps, "warmup": min(train_args["warmup"], steps // 4),
-                                     "eval_every": steps, "save_every": steps, "resume": True, "data_dir": args.data_dir,
-                                     "precision": precision.name, "device": str(device), "strategy": args.strategy})
-                train(targs, model, tokenizer, progress=progress)
-            loss.setdefault(method, {})[f"{lr:g}"] = json.loads((run_dir / "summary.json").read_text())["final_heldout_loss"]
-            trained_in.add(json.loads((run_dir / "train_config.json").read_text())["precision"])
-    chosen = {m: float(min(by_lr, key=by_lr.get)) for m, by_lr in loss.items()}
+
+    def point(method: str, lr: float, seed: int) -> float:
+        """The held-out loss of one sweep run, trained now unless a finished run is on disk."""
+        run_dir = out / (f"{method}-lr{lr:g}" + (f"-seed{seed}" if seed != 42 else ""))
+        if not (run_dir / "summary.json").is_file():
+            print(f"[compare] sweep {method} lr {lr:g} seed {seed} ({steps} steps) ...", flush=True)
+            model, tokenizer = load_model(args.model, dtype=precision.weights, device=device)
+            targs = TrainArgs(**{**train_args, "model": args.model, "method": method, "out": str(run_dir), "seed": seed,
+                                 "lr": lr, "steps": steps, "warmup": min(train_args["warmup"], steps // 4),
+                                 "eval_every": steps, "save_every": steps, "resume": True, "data_dir": args.data_dir,
+                                 "precision": precision.name, "device": str(device), "strategy": args.strategy})
+            train(targs, model, tokenizer, progress=progress)
+        trained_in.add(json.loads((run_dir / "train_config.json").read_text())["precision"])
+        return json.loads((run_dir / "summary.json").read_text())["final_heldout_loss"]
+
+    loss = {m: {f"{lr:g}": point(m, lr, 42) for lr in candidates} for m in methods}  # seed 42: every candidate
+    by_seed: dict[str, dict[str, list[float]]] = {}
+    for method, by_lr in loss.items():  # further seeds: the best two of seed 42, then the lower mean decides
+        finalists = sorted(by_lr, key=by_lr.get)[:2] if n_seeds > 1 else [min(by_lr, key=by_lr.get)]
+        by_seed[method] = {lr: [by_lr[lr]] + [point(method, float(lr), 42 + k) for k in range(1, n_seeds)]
+                           for lr in finalists}
+    chosen = {m: float(min(means, key=lambda lr: np.mean(means[lr]))) for m, means in by_seed.items()}
     # A point is reused whatever precision it was trained in (a study made in parts may span machines); the
     # report says which.
     sweep = {"candidates": candidates, "steps": steps, "heldout_loss": loss, "chosen": chosen,
-             "precisions": sorted(trained_in)}
+             "precisions": sorted(trained_in), "seeds": n_seeds, "finalists": by_seed}
     if ddist.ranks().is_main:
         write_json(out / "sweep.json", _merged_with_file(sweep, out / "sweep.json"))
     print("[compare] learning rates: " + ", ".join(f"{m} {lr:g}" for m, lr in chosen.items()), flush=True)
@@ -417,6 +458,7 @@ def _merged_with_file(sweep: dict, path: Path) -> dict:
         return sweep
     return {**sweep, "heldout_loss": {**old["heldout_loss"], **sweep["heldout_loss"]},
             "chosen": {**old["chosen"], **sweep["chosen"]},
+            "finalists": {**old.get("finalists", {}), **sweep.get("finalists", {})},
             "precisions": sorted(set(old.get("precisions", [])) | set(sweep["precisions"]))}
 
 
@@ -518,6 +560,13 @@ def render_report(report: dict) -> str:
         for method, by_lr in sweep["heldout_loss"].items():
             lines.append(f"| {method} | " + " | ".join(f"{by_lr[lr]:.4f}" for lr in lrs)
                          + f" | {sweep['chosen'][method]:g} |")
+        if sweep.get("seeds", 1) > 1:
+            lines += ["", f"The best two rates of seed 42 were each trained with {sweep['seeds']} seeds (42, 43, ...); the "
+                      "chosen rate has the lower mean held-out loss over them:", "",
+                      "| method | rate: held-out loss per seed (mean) |", "|---|---|"]
+            for method, finalists in sweep.get("finalists", {}).items():
+                lines.append(f"| {method} | " + "; ".join(
+                    f"{lr}: {', '.join(f'{x:.4f}' for x in xs)} ({np.mean(xs):.4f})" for lr, xs in finalists.items()) + " |")
     if report.get("paired"):
         lines += ["", "## Paired differences", "", paired_paragraph(report), ""]
         metrics = list(dict.fromkeys(p["metric"] for p in report["paired"]))
