@@ -5,7 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-docs/study-cpu}
-commit() { git add -A "$out" && git commit -q -m "study: finished runs so far (autocommit while it runs)" -- "$out" || true; }
+commit() { git add -A "$out" && git commit -q -m "study: finished runs so far (autocommit while it runs)" -- "$out" >/dev/null 2>&1 || true; }
 ( while sleep "${COMMIT_EVERY:-600}"; do commit; done ) &
 watcher=$!
 trap 'kill $watcher 2>/dev/null' EXIT

@@ -67,7 +67,7 @@ def test_compare_writes_table_results_and_plots(tmp_path, tiny_real_vocab_model,
     assert (out / "preproj+skip-seed42" / "items.lambada.jsonl").is_file()
     text = (out / "report.md").read_text()
     assert f"training {results['precision']}, evaluation fp32" in text
-    assert "| preproj+skip | 0.01M |" in text and "| base | – |" in text and "| 0 | – |" in text and "## Paired differences" in text and "Pythia-160M" in text and "## What agrees" in text
+    assert "| preproj+skip | 1 | 0.0003 | 0.01M |" in text and "| base | 1 | – | – |" in text and "| 0 | – |" in text and "## Paired differences" in text and "Pythia-160M" in text and "## What agrees" in text
     # every claim about two methods that were run, with a verdict from its paired entry; the depth claim from skip norms
     claims = {(c["method"], c["reference"], c["metric"]): c for c in results["claims"]}
     assert set(claims) == {(m, r, f"{t}.{metric}") for m, r in (("preproj+skip", "base"), ("preproj+skip", "lora"))
@@ -240,18 +240,18 @@ def test_agreement_paragraph_has_no_direction_where_the_paper_saw_no_change():
     assert "HellaSwag -0.025 (paper +0: no change in the paper; ours not detectable)" in agreement_paragraph(report)
 
 
-def test_paired_paragraph_counts_the_calls_chance_alone_would_make():
-    def row(i, verdict):
-        return {"method": f"m{i}", "reference": "base", "metric": "lambada.acc", "verdict": verdict,
-                "text": "+0.010 [+0.001, +0.019]: " + verdict}
-    many = {"seeds": 3, "paired": [row(i, "better" if i < 3 else "no detectable difference") for i in range(60)]}
-    text = compare.paired_paragraph(many)
-    assert "seed-to-seed variance" in text and "The other 57 comparisons" in text
-    assert "not corrected for the 60 comparisons" in text and "about 3 of them" in text
-    few = {"seeds": 1, "paired": [row(i, "no detectable difference") for i in range(5)]}
-    text = compare.paired_paragraph(few)
-    assert "conditional on one training seed" in text and "not corrected" not in text
-    assert "any of the 5 comparisons" in text
+def test_paired_paragraph_says_which_calls_survive_the_correction():
+    def row(i, verdict, raw):
+        return {"method": f"m{i}", "reference": "base", "metric": "lambada.acc", "verdict": verdict, "raw_verdict": raw,
+                "text": f"+0.010 [+0.001, +0.019] p 0.01, adj. 0.02: {verdict}"}
+    plan = {"families": [{"name": "all", "correction": "benjamini-hochberg", "members": "all"}]}
+    rows = [row(i, "better" if i < 3 else "no detectable difference", "better" if i < 5 else "no detectable difference")
+            for i in range(60)]
+    text = compare.paired_paragraph({"seeds": 3, "paired": rows, "plan": plan})
+    assert "all: benjamini-hochberg over every comparison" in text and "The other 57 comparisons" in text
+    assert "2 of them only because of it" in text and "m3 vs base on lambada.acc; m4 vs base" in text
+    text = compare.paired_paragraph({"seeds": 1, "paired": rows[5:10], "plan": plan})
+    assert "any of the 5 comparisons" in text and "conditional on it" in text
 
 
 def test_paired_under_the_paper_protocol_scores_wikitext_by_the_papers_perplexity(tmp_path):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from preproj.compare import COLUMNS, _digits, plot_paired
+from preproj.compare import COLUMNS, _correct, _digits, analysis_plan, plot_paired
 from preproj.paper import CLAIMS, PAPER_SKIP_NORMS, check_claims, check_depth, claim_pairs, claims_table
-from preproj.stats import accuracy, paired_bootstrap, perplexity
+from preproj.stats import accuracy, paired_difference, perplexity
 
 
 def planted(method: str, reference: str, task: str, delta: float, n: int = 3000, seed: int = 0) -> dict:
@@ -19,13 +22,20 @@ def planted(method: str, reference: str, task: str, delta: float, n: int = 3000,
         nll = rng.uniform(2.0, 4.0, n) * words
         a = np.stack([np.c_[nll, words]])
         b = np.stack([np.c_[nll + (delta + rng.normal(0, 0.05, n)) * words, words]])
-        p = paired_bootstrap(a, b, perplexity, metric=metric, higher_is_better=False, n_boot=400)
+        p = paired_difference(a, b, perplexity, metric=metric, higher_is_better=False)
     else:
         prob = rng.uniform(0.2, 0.7, n)
         a = (rng.random((1, n)) < prob).astype(float)
         b = (rng.random((1, n)) < prob + delta).astype(float)
-        p = paired_bootstrap(a, b, accuracy, metric=metric, n_boot=400)
-    return {"method": method, "reference": reference, **p.to_dict()}
+        p = paired_difference(a, b, accuracy, metric=metric)
+    return {"method": method, "reference": reference, **p.to_dict(), "raw_verdict": p.verdict}
+
+
+def checked_claims(paired: list[dict], protocol: str = "harness", plan: dict | None = None) -> list[dict]:
+    """compare's path: the default plan's corrections, then the claims."""
+    plan = plan or analysis_plan(Path("/nonexistent"), ["base", "lora", "skip", "preproj", "preproj+skip", "preproj+lora"], protocol)
+    _correct(paired, plan)
+    return check_claims(paired, plan, dict(COLUMNS[protocol]))
 
 
 def test_a_claim_is_confirmed_refuted_or_undetectable_by_its_paired_interval():
@@ -33,7 +43,7 @@ def test_a_claim_is_confirmed_refuted_or_undetectable_by_its_paired_interval():
               planted("preproj+skip", "base", "wikitext", +0.10),       # perplexity up: the opposite of the claim
               planted("preproj+skip", "base", "hellaswag", 0.0, n=50),  # 50 items, no effect: not detectable
               planted("lora", "base", "lambada", +0.10)]                # no claim is about lora against base
-    checked = {c["metric"]: c for c in check_claims(paired, dict(COLUMNS["harness"]))}
+    checked = {c["metric"]: c for c in checked_claims(paired)}
     assert set(checked) == {"lambada.acc", "wikitext.word_perplexity", "hellaswag.acc_norm"}
     assert checked["lambada.acc"]["verdict"] == "confirmed" and checked["lambada.acc"]["low"] > 0
     assert checked["wikitext.word_perplexity"]["verdict"] == "refuted" and checked["wikitext.word_perplexity"]["effect"] > 0
@@ -45,9 +55,9 @@ def test_a_claim_is_confirmed_refuted_or_undetectable_by_its_paired_interval():
 
 def test_claims_use_the_protocols_column_and_need_both_methods():
     paired = [planted("preproj+skip", "base", "hellaswag", +0.2)]
-    assert check_claims(paired, dict(COLUMNS["paper"])) == []  # the paper protocol's column is hellaswag.acc
+    assert checked_claims(paired, "paper") == []  # the paper protocol's column is hellaswag.acc
     paired[0]["metric"] = "hellaswag.acc"
-    assert [c["verdict"] for c in check_claims(paired, dict(COLUMNS["paper"]))] == ["confirmed"]
+    assert [c["verdict"] for c in checked_claims(paired, "paper")] == ["confirmed"]
     assert claim_pairs(["base", "preproj+skip"]) == [("preproj+skip", "base")]
     everything = claim_pairs(["base", "lora", "skip", "preproj", "preproj+skip", "preproj+lora"])
     assert set(everything) == {(c.method, c.reference) for c in CLAIMS} and len(everything) == len(set(everything))
@@ -69,3 +79,26 @@ def test_the_paired_plot_is_written(tmp_path):
     paired.append(planted("lora", "base", "lambada", 0.0, n=200))
     plot_paired(paired, tmp_path / "paired.png")
     assert (tmp_path / "paired.png").stat().st_size > 5000
+
+
+def test_a_claim_follows_holm_within_its_family_and_a_plan_file_changes_the_family(tmp_path):
+    """Three claims (and a comparison that is no claim) with raw p near 0.02 each: called one at a time, none
+    survives Holm over the three; a plan whose claims family holds only one of them leaves that one confirmed."""
+    paired = [planted("preproj+skip", "base", "lambada", +0.025, n=3000, seed=k) for k in range(8)]
+    pick = sorted(paired, key=lambda p: abs(np.log(p["p"] / 0.02)))[0]
+    tasks = ("lambada", "hellaswag", "arc_easy")
+    entries = [{**pick, "metric": f"{t}.{dict(COLUMNS['harness'])[t]}"} for t in tasks]
+    entries.append({**pick, "reference": "lora"})
+    assert 0.01 < pick["p"] < 0.05 and pick["raw_verdict"] == "better"
+    three = checked_claims([dict(e) for e in entries])
+    assert {c["metric"] for c in three} == {"lambada.acc", "hellaswag.acc_norm"} and len(three) == 3
+    assert all(c["verdict"] == "not detectable at this budget" for c in three)
+    assert all(c["p_adjusted"] >= min(1.0, 2 * c["p"]) for c in three)
+    plan = json.loads(json.dumps(analysis_plan(tmp_path, ["base", "preproj+skip"], "harness")))
+    plan["families"][0]["members"] = [{"method": "preproj+skip", "reference": "base", "metric": "lambada.acc"}]
+    (tmp_path / "analysis_plan.json").write_text(json.dumps(plan))
+    one = checked_claims([dict(e) for e in entries], plan=analysis_plan(tmp_path, [], "harness"))
+    assert [(c["metric"], c["verdict"]) for c in one] == [("lambada.acc", "confirmed")]
+    plan["families"][0]["correction"] = "bonferroni"
+    with pytest.raises(ValueError, match="correction 'bonferroni'"):
+        checked_claims([dict(e) for e in entries], plan=plan)

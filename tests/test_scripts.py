@@ -64,3 +64,52 @@ def test_skip_agreement_refuses_adapters_without_a_skip(tmp_path):
         agreement.agreement([path, path])
     with pytest.raises(SystemExit, match="not found"):
         agreement.agreement([tmp_path / "missing", path])
+
+
+def _study_fixture(out: Path) -> None:
+    """A compare directory in miniature: the base (one seed) and two arms with three shared seeds, per-item files for
+    LAMBADA and WikiText, and the results.json that compare's own analysis writes from them."""
+    import numpy as np
+
+    from preproj.compare import analysis_plan, paired_comparisons
+    from preproj.stats import RULE
+
+    rng = np.random.default_rng(0)
+    p = rng.uniform(0.1, 0.8, 400)
+    words, tokens = rng.integers(200, 2000, 30), rng.integers(300, 3000, 30)
+    runs, seeds = [], {"base": [42], "skip": [42, 43, 44], "lora": [42, 43, 44]}
+    for method, shift in (("base", 0.0), ("skip", 0.05), ("lora", 0.01)):
+        for seed in seeds[method]:
+            run_dir = out / f"{method}-seed{seed}"
+            run_dir.mkdir(parents=True)
+            acc = rng.random(400) < p + shift + rng.normal(0, 0.02)
+            ll = -tokens * (3.0 - shift + rng.normal(0, 0.05, 30))
+            lines = [json.dumps({"task": "lambada", "index": i, "acc": float(a)}) for i, a in enumerate(acc)]
+            (run_dir / "items.lambada.jsonl").write_text("\n".join(lines) + "\n")
+            lines = [json.dumps({"task": "wikitext", "index": i, "ll": float(x), "words": int(w), "tokens": int(t)})
+                     for i, (x, w, t) in enumerate(zip(ll, words, tokens))]
+            (run_dir / "items.wikitext.jsonl").write_text("\n".join(lines) + "\n")
+            runs.append({"method": method, "seed": seed, "run_dir": run_dir.name})
+    methods = list(seeds)
+    plan = analysis_plan(out, methods, "harness")
+    report = {"methods": {m: {"seeds": s} for m, s in seeds.items()}, "plan": plan, "rule": RULE,
+              "paired": paired_comparisons(runs, methods, "harness", out, plan)}
+    (out / "results.json").write_text(json.dumps(report))
+
+
+def test_recompute_agrees_with_compare_from_the_item_files_alone_and_catches_a_change(tmp_path, capsys):
+    _study_fixture(tmp_path)
+    recompute = _load("recompute")
+    assert "preproj" not in (SCRIPTS / "recompute.py").read_text().split('"""', 2)[2]  # imports no preproj
+    assert recompute.main([str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert {(e["method"], e["reference"]) for e in report["paired"]} == {("skip", "base"), ("lora", "base"), ("skip", "lora")}
+    assert {e["test"] for e in report["paired"] if e["reference"] == "lora"} == {"seed-paired"}
+    assert "all agree" in capsys.readouterr().out
+    path = tmp_path / "skip-seed43" / "items.lambada.jsonl"
+    flipped = [json.loads(line) for line in path.read_text().splitlines()]
+    for record in flipped[:40]:
+        record["acc"] = 1.0 - record["acc"]
+    path.write_text("\n".join(json.dumps(r) for r in flipped) + "\n")
+    assert recompute.main([str(tmp_path)]) == 1
+    assert "skip - base lambada.acc: effect" in capsys.readouterr().out

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from preproj.stats import accuracy, describe, paired_bootstrap, paired_t, perplexity, t_interval
+from preproj.stats import (RULE, RULES, accuracy, benjamini_hochberg, describe, holm, paired_bootstrap, paired_difference,
+                           paired_t, perplexity, t_interval)
 
 
 def planted(rng, n_items: int, delta: float):
@@ -129,3 +130,55 @@ def test_paired_t_covers_a_planted_seed_paired_difference_at_its_nominal_rate():
     assert same.effect == 0 and same.verdict == "no detectable difference"
     with pytest.raises(ValueError, match="one value per seed"):
         paired_t([1.0, 2.0], [1.0, 2.0, 3.0])
+
+
+def test_the_closed_form_items_variance_is_the_bootstraps():
+    """One seed a side: paired_difference's interval is the bootstrap's, without its Monte Carlo noise."""
+    rng = np.random.default_rng(20)
+    a, b = planted(rng, 1500, 0.04)
+    exact = paired_difference(a, b, accuracy)
+    boot = paired_bootstrap(a, b, accuracy, n_boot=4000, seed=1)
+    assert exact.effect == boot.effect and exact.test == "item-and-seed"
+    assert (exact.high - exact.low) == pytest.approx(boot.high - boot.low, rel=0.06)
+    docs = np.stack([np.c_[rng.uniform(2, 4, 60) * (w := rng.integers(100, 900, 60)), w]])
+    other = docs.copy()
+    other[..., 0] *= rng.normal(0.97, 0.01, 60)
+    exact = paired_difference(docs, other, perplexity, higher_is_better=False)
+    boot = paired_bootstrap(docs, other, perplexity, higher_is_better=False, n_boot=4000)
+    assert (exact.high - exact.low) == pytest.approx(boot.high - boot.low, rel=0.1)
+    assert exact.p < 0.05 and exact.verdict == "better"
+
+
+def test_satterthwaite_df_shrink_when_the_seeds_spread_barely_exceeds_the_interaction():
+    """HellaSwag-like: three seeds whose metrics differ about as much as the items' luck alone would make them."""
+    rng = np.random.default_rng(21)
+    p = rng.uniform(0.2, 0.7, 1000)
+    a = (rng.random((3, 1000)) < p).astype(float)
+    b = (rng.random((3, 1000)) < p + 0.02 + rng.normal(0, 0.01, (3, 1))).astype(float)
+    wide = paired_difference(a, b, accuracy, rule="subtract, Satterthwaite df")
+    narrow = paired_difference(a, b, accuracy, rule="subtract, n-1 df")
+    raw = paired_difference(a, b, accuracy, rule="raw, n-1 df")
+    assert wide.effect == narrow.effect == raw.effect
+    assert (wide.high - wide.low) >= (narrow.high - narrow.low) and (raw.high - raw.low) >= (narrow.high - narrow.low)
+    assert set(RULES) == {"subtract, n-1 df", "subtract, Satterthwaite df", "raw, n-1 df"} and RULE in RULES
+
+
+def test_seed_paired_differences_cancel_a_shared_seed_effect():
+    rng = np.random.default_rng(22)
+    p = rng.uniform(0.2, 0.7, 3000)
+    shared = rng.normal(0, 0.05, (3, 1))  # seed i: the same data order, the same shift for both arms
+    a = (rng.random((3, 3000)) < p + shared).astype(float)
+    b = (rng.random((3, 3000)) < p + shared + 0.03).astype(float)
+    paired = paired_difference(a, b, accuracy, seed_paired=True)
+    unpaired = paired_difference(a, b, accuracy)
+    assert paired.test == "seed-paired" and paired.effect == unpaired.effect
+    assert (paired.high - paired.low) < 0.7 * (unpaired.high - unpaired.low)
+    with pytest.raises(ValueError, match="same two or more seeds"):
+        paired_difference(a[:1], b[:1], accuracy, seed_paired=True)
+
+
+def test_holm_and_benjamini_hochberg_adjust_as_published():
+    p = [0.01, 0.04, 0.03, 0.005, 0.2]
+    assert holm(p) == pytest.approx([0.04, 0.09, 0.09, 0.025, 0.2])
+    assert benjamini_hochberg(p) == pytest.approx([0.025, 0.05, 0.05, 0.025, 0.2])
+    assert holm([]) == [] and benjamini_hochberg([]) == []

@@ -200,24 +200,26 @@ def _scaling(ns: argparse.Namespace) -> int:
 
 
 def _paired(ns: argparse.Namespace) -> int:
-    from .compare import item_files, paired_between
-    from .stats import describe
+    from .compare import _correct, _describe_entry, item_files, paired_between
 
     a, b = item_files(ns.a), item_files(ns.b)
-    found = paired_between(a, b, ns.protocol)
+    found = paired_between(a, b, ns.protocol, seed_paired=ns.seed_paired)
     if not found:
         raise ValueError(f"{ns.a} and {ns.b} share no task scored on the same items under the {ns.protocol} protocol.")
+    entries = [{"method": "B", "reference": "A", **p.to_dict(), "raw_verdict": p.verdict} for p in found]
+    _correct(entries, {"families": [{"name": "these metrics", "correction": "holm", "members": "all"}]})
     print(f"{ns.b} against {ns.a}: B - A, 95% interval over items"
-          + (" and seeds" if any(max(p.seeds) > 1 for p in found) else "") + ", verdict for B")
-    for p in found:
-        print(f"  {p.metric:<26} A {p.a:.4f}  B {p.b:.4f}  {describe(p, 4)}  (seeds {p.seeds[0]}/{p.seeds[1]}, "
+          + (" and seeds" if any(max(p.seeds) > 1 for p in found) else "")
+          + f" ({found[0].test}), p-value Holm-adjusted over the {len(found)} metrics, verdict for B")
+    for p, entry in zip(found, entries):
+        print(f"  {p.metric:<26} A {p.a:.4f}  B {p.b:.4f}  {_describe_entry(entry)}  (seeds {p.seeds[0]}/{p.seeds[1]}, "
               f"{p.items} items)")
     if ns.out:
-        write_json(ns.out, {"a": ns.a, "b": ns.b, "protocol": ns.protocol, "paired": [p.to_dict() for p in found]})
-    better = sum(p.verdict == "better" for p in found)
-    worse = sum(p.verdict == "worse" for p in found)
+        write_json(ns.out, {"a": ns.a, "b": ns.b, "protocol": ns.protocol, "paired": entries})
+    better = sum(e["verdict"] == "better" for e in entries)
+    worse = sum(e["verdict"] == "worse" for e in entries)
     print(f"summary: B better on {better}, worse on {worse}, no detectable difference on {len(found) - better - worse} "
-          f"of {len(found)} metrics")
+          f"of {len(found)} metrics (Holm-adjusted)")
     return 0
 
 
@@ -297,6 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("b", help="B: the same forms; B is compared against A.")
     p.add_argument("--protocol", default="harness", choices=("harness", "paper"),
                    help="The protocol both were evaluated under (it picks the metrics). (default: harness)")
+    p.add_argument("--seed-paired", action="store_true",
+                   help="A and B list the same seeds in the same order (seed i the same data order): compare seed by "
+                        "seed. (default: each side's seeds on their own)")
     p.add_argument("--out", default=None, help="Also write the comparisons as JSON to this path.")
     p.set_defaults(run=_paired)
 

@@ -18,14 +18,15 @@ from pathlib import Path
 import numpy as np
 
 from . import distributed as ddist
-from .evaluation import TASKS, evaluate, read_items
+from .evaluation import EXTRA_TASKS, TASKS, evaluate, read_items
 from .files import atomic_write, write_json
 from .methods import METHODS
-from .paper import PAPER_SKIP_NORMS, PAPER_TABLE, check_claims, check_depth, claim_pairs, claims_table
+from .paper import CLAIMS, PAPER_SKIP_NORMS, PAPER_TABLE, check_claims, check_depth, claim_pairs, claims_table
 from .precision import precision as as_precision
 from .precision import resolve_device
 from .training import TrainArgs, train
-from .stats import Paired, accuracy, describe, paired_bootstrap, perplexity, ratio_of_sums, t_interval
+from .stats import (RULE, RULES, Paired, accuracy, benjamini_hochberg, describe, holm, paired_difference, perplexity,
+                    ratio_of_sums, t_interval)
 from .validation import check_args
 
 ALL_METHODS = tuple(METHODS)
@@ -61,7 +62,8 @@ PRESETS = {
         "eval_precision": "fp32",
         "train": dict(data="wikitext2-train", packing="pack", seq_len=256, batch_size=4, grad_accum=1, steps=256, lr=3e-4,
                       warmup=16, eval_every=64, eval_batches=8, save_every=32),
-        "eval": dict(protocol="harness", limits={}, max_length=2048),
+        # wikitext_file: the test documents also in the training text's format, where the paper measures (issue 28)
+        "eval": dict(protocol="harness", limits={}, max_length=2048, extra_tasks=("wikitext_file",)),
         "lr_sweep": "1e-4,3e-4,1e-3,3e-3", "sweep_steps": 64, "sweep_seeds": 2, "seeds": 3,
         # Every method at its own swept rate, and the two the rate confounds (issue 28) also at preproj+skip's 3e-4,
         # the common rate; 3 seeds each. docs/study-cpu/analysis_plan.json declares the comparisons among them.
@@ -240,7 +242,8 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
                               report_to=args.report_to, **{**train_args, "lr": lr})
             summary, model = train(targs, model, tokenizer, progress=progress)
         tasks, task_seconds, weights = {}, {}, trained_weights_digest(model)
-        for task, limit in ({t: limits.get(t) for t in ("lambada", "hellaswag", "arc_easy", "wikitext")}).items():
+        tasks_here = ("lambada", "hellaswag", "arc_easy", "wikitext", *eval_cfg.get("extra_tasks", ()))
+        for task, limit in ({t: limits.get(t if t in limits else t.split("_")[0]) for t in tasks_here}).items():
             # Each finished task is kept, so an evaluation stopped part-way resumes at the task it was in,
             # if the weights are the very ones it scored (a run retrained elsewhere may differ in the last bit).
             done_task, items = run_dir / f"eval.{task}.json", run_dir / f"items.{task}.jsonl"
@@ -279,9 +282,10 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
                              "comparison without --report-only first.")
         seeds = max(sum(r["method"] == m for r in runs) for m in methods)
     report = summarise(runs, methods, args, eval_cfg["protocol"], limits, time.monotonic() - start, train_args, seeds)
+    plan = analysis_plan(out, methods, eval_cfg["protocol"])
     report.update(pending=pending, sweep=sweep, precision=precision.name, eval_precision=eval_precision.name, device=str(device),
-                  paired=paired_comparisons(runs, methods, eval_cfg["protocol"], out))
-    report.update(claims=check_claims(report["paired"], dict(COLUMNS[eval_cfg["protocol"]])),
+                  plan=plan, rule=RULE, paired=paired_comparisons(runs, methods, eval_cfg["protocol"], out, plan))
+    report.update(claims=check_claims(report["paired"], plan, dict(COLUMNS[eval_cfg["protocol"]])),
                   depth=check_depth([r["skip_norms"] for r in runs if r["method"] == "preproj+skip" and r["skip_norms"]]))
     if not r.is_main:
         return report
@@ -315,6 +319,8 @@ PAIRED = {
         ("arc_easy", "acc", lambda r: r["acc"], accuracy, True),
         ("wikitext", "word_perplexity", lambda r: (-r["ll"], r["words"]), perplexity, False),
         ("wikitext", "heldout_loss", lambda r: (-r["ll"], r["tokens"]), ratio_of_sums, False),
+        ("wikitext_file", "word_perplexity", lambda r: (-r["ll"], r["words"]), perplexity, False),
+        ("wikitext_file", "heldout_loss", lambda r: (-r["ll"], r["tokens"]), ratio_of_sums, False),
     ],
     "paper": [
         ("lambada", "acc", lambda r: r["acc"], accuracy, True),
@@ -339,43 +345,116 @@ def item_values(files: list[Path], task: str, value_of) -> np.ndarray | None:
     return np.array([v for _, v in rows], dtype=np.float64)
 
 
-def paired_between(a: dict[str, list[Path]], b: dict[str, list[Path]], protocol: str) -> list[Paired]:
-    """B against A on every paired metric both have: a and b map task -> per-seed item files."""
+# The two defensible conventions for a seed variance estimated on fixed items (docs/coverage.md): a call that
+# changes between them is fragile.
+DEFENSIBLE = ("subtract, Satterthwaite df", "raw, n-1 df")
+
+
+def paired_between(a: dict[str, list[Path]], b: dict[str, list[Path]], protocol: str,
+                   seed_paired: bool = False) -> list[Paired]:
+    """B against A on every paired metric both have: a and b map task -> per-seed item files (seed-paired: file i of
+    both sides has the same seed)."""
     found = []
     for task, metric, value_of, statistic, higher in PAIRED[protocol]:
         va = item_values(a.get(task, []), task, value_of)
         vb = item_values(b.get(task, []), task, value_of)
         if va is None or vb is None or va.shape[1:] != vb.shape[1:]:
             continue
-        found.append(paired_bootstrap(va, vb, statistic, metric=f"{task}.{metric}", higher_is_better=higher))
+        pair = seed_paired and len(va) == len(vb) > 1
+        main = paired_difference(va, vb, statistic, metric=f"{task}.{metric}", higher_is_better=higher, seed_paired=pair)
+        calls = {paired_difference(va, vb, statistic, higher_is_better=higher, seed_paired=pair, rule=rule).verdict
+                 for rule in DEFENSIBLE}
+        main.fragile = len(calls | {main.verdict}) > 1
+        found.append(main)
     return found
 
 
 def _items_in(dirs: list[Path]) -> dict[str, list[Path]]:
     """task -> the per-item files that compare's run directories hold for it (DIR/items.TASK.jsonl)."""
-    return {t: [d / f"items.{t}.jsonl" for d in dirs if (d / f"items.{t}.jsonl").is_file()] for t in TASKS}
+    return {t: [d / f"items.{t}.jsonl" for d in dirs if (d / f"items.{t}.jsonl").is_file()] for t in TASKS + EXTRA_TASKS}
 
 
 def _run_files(out: Path, runs: list[dict], method: str) -> dict[str, list[Path]]:
-    return _items_in([out / r.get("run_dir", f"{method}-seed{r['seed']}") for r in runs if r["method"] == method])
+    mine = sorted((r for r in runs if r["method"] == method), key=lambda r: r["seed"])
+    return _items_in([out / r.get("run_dir", f"{method}-seed{r['seed']}") for r in mine])
 
 
-def paired_comparisons(runs: list[dict], methods: list[str], protocol: str, out: Path) -> list[dict]:
-    """Every trained method against the base and against lora, and the other pairs the paper's claims need
-    (paper.py), metric by metric, paired over items (and seeds): effect, 95% interval, verdict and the smallest
-    detectable effect (stats.py)."""
+def analysis_plan(out: Path, methods: list[str], protocol: str) -> dict:
+    """The comparisons, their families and corrections: OUT/analysis_plan.json where the study declared one before
+    its runs, else this default: every trained arm against the base and against lora, the pairs the paper's claims
+    need; Holm over the claims, Benjamini-Hochberg over every comparison."""
+    path = out / "analysis_plan.json"
+    if path.is_file():
+        plan = json.loads(path.read_text())
+        plan["file"] = str(path)
+        return plan
     pairs = [(m, ref) for ref in ("base", "lora") if ref in methods for m in methods if m not in ("base", ref)]
     pairs += [pair for pair in claim_pairs(methods) if pair not in pairs]
+    columns = dict(COLUMNS[protocol])
+    claims = [{"method": c.method, "reference": c.reference, "metric": f"{c.task}.{columns[c.task]}"} for c in CLAIMS]
+    return {"alpha": 0.05, "comparisons": [{"method": m, "reference": r} for m, r in pairs],
+            "families": [{"name": "claims", "correction": "holm", "members": claims},
+                         {"name": "all", "correction": "benjamini-hochberg", "members": "all"}]}
+
+
+def paired_comparisons(runs: list[dict], methods: list[str], protocol: str, out: Path, plan: dict | None = None) -> list[dict]:
+    """The plan's comparisons (analysis_plan), metric by metric, paired over items and, where both arms were trained
+    with the same seeds, seed by seed: effect, 95% interval, p-value, the smallest detectable effect (stats.py), and
+    the verdict that the family's correction leaves."""
+    plan = plan or analysis_plan(out, methods, protocol)
+    pairs = [(c["method"], c["reference"]) for c in plan["comparisons"] if {c["method"], c["reference"]} <= set(methods)]
+    seeds = {m: sorted(r["seed"] for r in runs if r["method"] == m) for m in methods}
     found = []
     for method, reference in pairs:
         a, b = _run_files(out, runs, reference), _run_files(out, runs, method)
         for task in a:  # a run from before per-item records has no file: no paired comparison for it
-            if len(a[task]) != sum(r["method"] == reference for r in runs) or \
-                    len(b[task]) != sum(r["method"] == method for r in runs):
+            if len(a[task]) != len(seeds[reference]) or len(b[task]) != len(seeds[method]):
                 a[task] = b[task] = []
-        for p in paired_between(a, b, protocol):
-            found.append({"method": method, "reference": reference, **p.to_dict(), "text": describe(p, _digits(p.metric))})
+        seed_paired = "base" not in (method, reference) and seeds[method] == seeds[reference] and len(seeds[method]) > 1
+        for p in paired_between(a, b, protocol, seed_paired):
+            if plan.get("metrics") and p.metric not in plan["metrics"]:
+                continue
+            found.append({"method": method, "reference": reference, **p.to_dict(), "raw_verdict": p.verdict})
+    _correct(found, plan)
+    for entry in found:
+        entry["text"] = _describe_entry(entry)
     return found
+
+
+def _correct(found: list[dict], plan: dict) -> None:
+    """Adjusted p-values per family (Holm or Benjamini-Hochberg), and each entry's verdict from its adjusted p: a claim
+    follows its Holm family, every other entry Benjamini-Hochberg over all comparisons."""
+    alpha = plan.get("alpha", 0.05)
+    adjust = {"holm": holm, "benjamini-hochberg": benjamini_hochberg}
+    for family in plan["families"]:
+        if family["correction"] not in adjust:
+            raise ValueError(f"{plan.get('file', 'the analysis plan')}: family {family['name']!r} has correction "
+                             f"{family['correction']!r}; use one of {', '.join(adjust)}.")
+        wanted = None if family["members"] == "all" else {(x["method"], x["reference"], x["metric"]) for x in family["members"]}
+        members = [e for e in found if wanted is None or (e["method"], e["reference"], e["metric"]) in wanted]
+        for entry, q in zip(members, adjust[family["correction"]]([e["p"] for e in members])):
+            entry.setdefault("adjusted", {})[family["name"]] = q
+            if family["correction"] == "holm" or "decided_by" not in entry:
+                entry["decided_by"] = family["name"]
+    for entry in found:
+        q = entry.get("adjusted", {}).get(entry.get("decided_by"), entry["p"])
+        entry["verdict"] = entry["raw_verdict"] if q < alpha else "no detectable difference"
+
+
+def _describe_entry(entry: dict) -> str:
+    """'+0.021 [+0.003, +0.040] p 0.021, adj. 0.084 (all): no detectable difference (would detect ±0.030)'."""
+    d = _digits(entry["metric"])
+    f = f"{{:+.{d}f}}"
+    q = entry.get("adjusted", {}).get(entry.get("decided_by"))
+    text = f"{f.format(entry['effect'])} [{f.format(entry['low'])}, {f.format(entry['high'])}] p {entry['p']:.2g}"
+    if q is not None:
+        text += f", adj. {q:.2g}"
+    text += f": {entry['verdict']}"
+    if entry["verdict"] == "no detectable difference":
+        text += f" (would detect ±{entry['mde']:.{d}f})"
+    if entry.get("fragile"):
+        text += ", fragile"
+    return text
 
 
 def item_files(spec: str) -> dict[str, list[Path]]:
@@ -535,15 +614,17 @@ def render_report(report: dict) -> str:
              + (", ".join(f"{k} {v}" for k, v in report["eval_limits"].items()) or "the protocol's defaults")
              + f". Training: {_fmt_training(report)}. Precision, the same for every method: training "
              f"{report.get('precision', '?')}, evaluation {report.get('eval_precision', '?')}. {_fmt_seeds(report)}. "
-             "Intervals are 95%: over seeds when there are several, else 1.96 x the metric's standard error.", "",
-             "| method | trainable params | " + " | ".join(HEADERS[protocol]) + " | train tokens | train time | eval time |",
-             "|---" * (len(HEADERS[protocol]) + 5) + "|"]
+             "Intervals are 95%: over seeds when there are several, else 1.96 x the metric's standard error, which "
+             "carries no seed-to-seed variation (a row with one trained seed is conditional on it).", "",
+             "| method | seeds | lr | trainable params | " + " | ".join(HEADERS[protocol]) + " | train tokens | train time | eval time |",
+             "|---" * (len(HEADERS[protocol]) + 7) + "|"]
     for method, row in report["methods"].items():
         cells = [_fmt(row["metrics"][f"{t}.{m}"], "perplexity" in m) for t, m in COLUMNS[protocol]]
         trained = bool(row["trainable_params"])
         params = f"{row['trainable_params'] / 1e6:.2f}M" if trained else "–"
         train_time = _fmt_seconds(row["train_seconds"]) if trained else "–"
-        lines.append(f"| {method} | {params} | " + " | ".join(cells)
+        lr = f"{row['lr']:g}" if row.get("lr") else "–"
+        lines.append(f"| {method} | {len(row['seeds'])} | {lr} | {params} | " + " | ".join(cells)
                      + f" | {row['train_tokens']:,} | {train_time} | {_fmt_seconds(row['eval_seconds'])} |")
     lines += ["", "The paper's Table 2 (Pythia, its own protocol on 500-item subsets, one seed), for reference:", "",
               "| model | method | params | LAMBADA | HellaSwag | ARC-E | PPL |", "|---|---|---|---|---|---|---|"]
@@ -570,44 +651,49 @@ def render_report(report: dict) -> str:
     if report.get("paired"):
         lines += ["", "## Paired differences", "", paired_paragraph(report), ""]
         metrics = list(dict.fromkeys(p["metric"] for p in report["paired"]))
-        lines += ["| method | against | " + " | ".join(metrics) + " |", "|---" * (len(metrics) + 2) + "|"]
+        lines += ["| method | against | seeds, test | " + " | ".join(metrics) + " |", "|---" * (len(metrics) + 3) + "|"]
         for key in dict.fromkeys((p["method"], p["reference"]) for p in report["paired"]):
-            cells = {p["metric"]: p["text"] for p in report["paired"] if (p["method"], p["reference"]) == key}
-            lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells.get(m, "–") for m in metrics) + " |")
+            mine = [p for p in report["paired"] if (p["method"], p["reference"]) == key]
+            cells = {p["metric"]: p["text"] for p in mine}
+            lines.append(f"| {key[0]} | {key[1]} | {mine[0]['seeds'][1]} v {mine[0]['seeds'][0]}, {mine[0].get('test', '–')} | "
+                         + " | ".join(cells.get(m, "–") for m in metrics) + " |")
     if report.get("claims") or report.get("depth"):
         lines += ["", "## The paper's claims", "", "Each claim is one method against one reference, checked by the paired "
-                  "difference above: confirmed when its 95% interval lies on the paper's side of zero, refuted when it "
-                  "lies on the other side, otherwise not detectable at this budget (with the smallest effect the run "
-                  "could have detected). The depth claim uses a t interval over seeds.", ""]
+                  "difference above and corrected with Holm's method within its family of claims: confirmed when the "
+                  "adjusted p is below 0.05 and the effect lies on the paper's side of zero, refuted when it lies on the "
+                  "other side, otherwise not detectable at this budget (with the smallest effect the run could have "
+                  "detected, uncorrected). The depth claim uses a t interval over seeds.", ""]
         lines += claims_table(report.get("claims", []), report.get("depth"), _digits)
     lines += ["", "## What agrees and what does not", "", agreement_paragraph(report), ""]
     return "\n".join(lines)
 
 
 def paired_paragraph(report: dict) -> str:
-    """How to read the table, then what it says, written from the verdicts."""
-    paired = report["paired"]
-    seeds = report["seeds"]
-    how = ("Each cell is the paired difference (method minus the reference; for perplexity and held-out loss, "
-           "lower is better) with its 95% interval: a paired bootstrap over the same items"
-           + (", widened by each method's seed-to-seed variance with a t-quantile (a method with one seed adds "
-              "none, so there the interval is conditional on that seed)" if seeds > 1
-              else ", conditional on one training seed per method")
-           + ". A difference is called better or worse only when its interval excludes zero; otherwise the cell "
-           "gives the smallest effect this run could have detected (80% power).")
+    """How to read the table, then what it says, written from the adjusted verdicts."""
+    paired, plan = report["paired"], report.get("plan") or {}
+    families = "; ".join(f"{f['name']}: {f['correction']} over "
+                         + ("every comparison" if f["members"] == "all" else f"{len(f['members'])} declared comparisons")
+                         for f in plan.get("families", []))
+    how = ("Each cell is the paired difference (method minus the reference; for perplexity and held-out loss, lower is "
+           "better) with its 95% interval and p-value. The items' variance is the paired bootstrap's, in closed form; "
+           "seeds enter seed by seed where both arms were trained with the same seeds (seed-paired: seed i is the same "
+           "data order), else through each arm's own seed variance (item-and-seed; an arm with one seed adds none, so "
+           f"the interval is conditional on it). Seed variances follow the rule docs/coverage.md chose ({RULE}). "
+           f"Every verdict follows the p-value adjusted for the comparisons of its family ({families}"
+           + (f", declared in {plan['file']}" if plan.get("file") else "") + "): better or worse only when the adjusted "
+           "p is below 0.05; otherwise the cell gives the smallest effect this run could have detected (80% power, "
+           "uncorrected). A call marked fragile changes under the other defensible seed-variance convention.")
     called = [p for p in paired if p["verdict"] != "no detectable difference"]
     if not called:
-        said = f" At this budget no method differs detectably from its reference on any of the {len(paired)} comparisons."
+        said = f" After correction no method differs detectably from its reference on any of the {len(paired)} comparisons."
     else:
-        said = " Detectable: " + "; ".join(f"{p['method']} vs {p['reference']} on {p['metric']}: {p['verdict']} "
-                                          f"({p['text'].split(':')[0]})" for p in called) + "."
-        said += f" The other {len(paired) - len(called)} comparisons show no detectable difference."
-    if len(paired) >= 20:
-        # Expected false calls are 5% of the comparisons whatever their dependence (linearity of expectation);
-        # from 20 comparisons on that is at least one.
-        said += (f" Each interval is 95% on its own, not corrected for the {len(paired)} comparisons: were every "
-                 f"method the same, about {0.05 * len(paired):.0f} of them would still be called on average, so an "
-                 "interval that only just excludes zero is weak evidence by itself.")
+        said = " Detectable after correction: " + "; ".join(
+            f"{p['method']} vs {p['reference']} on {p['metric']}: {p['verdict']} ({p['text'].split(' p ')[0]}"
+            + (", fragile" if p.get("fragile") else "") + ")" for p in called) + "."
+        said += f" The other {len(paired) - len(called)} comparisons show no detectable difference after correction"
+        raw = [p for p in paired if p.get("raw_verdict", p["verdict"]) != "no detectable difference" and p not in called]
+        said += (f", {len(raw)} of them only because of it (raw interval excludes zero: "
+                 + "; ".join(f"{p['method']} vs {p['reference']} on {p['metric']}" for p in raw) + ")." if raw else ".")
     return how + said
 
 

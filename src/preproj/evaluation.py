@@ -35,7 +35,9 @@ from .precision import precision as as_precision
 from .validation import check_value, check_within_context
 
 TASKS = ("lambada", "wikitext", "hellaswag", "arc_easy")
-EXTRA_TASKS = ("hellaswag_full",)
+# wikitext_file: the same WikiText-2 test documents as the file has them (spaced punctuation, ' @-@ '), the format of
+# the tokenized training text; the harness (and `wikitext`) scores them detokenized.
+EXTRA_TASKS = ("hellaswag_full", "wikitext_file")
 PROTOCOLS = ("harness", "paper")
 PAPER_LIMIT = 500  # PAPER.md §2: the first 500 items of each task
 PAPER_MAX_TOKENS = 512
@@ -432,6 +434,11 @@ def run_task(score: LogLikelihood, task: str, protocol: str, limit: int | None, 
     if task == "lambada":
         docs = take(datasets.lambada(data_dir))
         return lambada_harness(score, docs, items) if protocol == "harness" else lambada_paper(score, docs, items)
+    if task == "wikitext_file":
+        if protocol != "harness":
+            raise ValueError("wikitext_file is the harness protocol's WikiText in the file's own format; the paper "
+                             "protocol scores its own WikiText rows (task wikitext).")
+        return wikitext_harness(score, take(datasets.wikitext_documents(data_dir)), items, detokenize=False)
     if task == "wikitext":
         if protocol == "harness":
             return wikitext_harness(score, take(datasets.wikitext_documents(data_dir)), items)

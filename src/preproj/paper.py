@@ -78,17 +78,35 @@ def claim_pairs(methods: list[str]) -> list[tuple[str, str]]:
     return list(dict.fromkeys((c.method, c.reference) for c in CLAIMS if {c.method, c.reference} <= set(methods)))
 
 
-def check_claims(paired: list[dict], columns: dict[str, str]) -> list[dict]:
-    """Each claim with its verdict, from `paired` (compare's paired entries) and columns (task -> metric name)."""
+def check_claims(paired: list[dict], plan: dict, columns: dict[str, str]) -> list[dict]:
+    """Each claim that a Holm family of the analysis plan holds, with the verdict its adjusted p leaves, from `paired`
+    (compare's paired entries) and columns (task -> metric name). A member may compare arms at a fixed rate
+    (lora@3e-4): it tests the claim of its methods."""
     found = {(p["method"], p["reference"], p["metric"]): p for p in paired}
     checked = []
-    for claim in CLAIMS:
-        p = found.get((claim.method, claim.reference, f"{claim.task}.{columns[claim.task]}"))
-        if p is not None:
-            checked.append({"claim": claim.text, "paper": claim.paper, "method": claim.method, "reference": claim.reference,
-                            "metric": p["metric"], "verdict": VERDICTS[p["verdict"]], "effect": p["effect"],
-                            "low": p["low"], "high": p["high"], "mde": p["mde"], "seeds": list(p["seeds"])})
+    for family in plan["families"]:
+        if family["correction"] != "holm" or family["members"] == "all":
+            continue
+        for member in family["members"]:
+            p = found.get((member["method"], member["reference"], member["metric"]))
+            task, _, metric = member["metric"].partition(".")
+            claim = next((c for c in CLAIMS if (c.method, c.reference) == (_method(member["method"]), _method(member["reference"]))
+                          and task in (c.task, f"{c.task}_file") and metric == columns[c.task]), None)
+            if p is None or claim is None:
+                continue
+            arms = "" if (claim.method, claim.reference) == (p["method"], p["reference"]) else f" ({p['method']} vs {p['reference']})"
+            text = " (in the training text's format)" if task.endswith("_file") else ""
+            checked.append({"claim": claim.text + text + arms, "paper": claim.paper, "method": p["method"],
+                            "reference": p["reference"], "metric": p["metric"], "verdict": VERDICTS[p["verdict"]],
+                            "effect": p["effect"], "low": p["low"], "high": p["high"], "mde": p["mde"],
+                            "seeds": list(p["seeds"]), "test": p.get("test"), "p": p.get("p"),
+                            "p_adjusted": p.get("adjusted", {}).get(family["name"]), "family": family["name"],
+                            "fragile": p.get("fragile", False)})
     return checked
+
+
+def _method(arm: str) -> str:
+    return arm.partition("@")[0]
 
 
 def check_depth(norms_by_seed: list[list[float]]) -> dict | None:
@@ -107,14 +125,20 @@ def check_depth(norms_by_seed: list[list[float]]) -> dict | None:
 
 
 def claims_table(checked: list[dict], depth: dict | None, digits) -> list[str]:
-    """Markdown rows: claim, the paper's figures, ours as effect [95% interval], verdict. digits(metric) -> int."""
-    lines = ["| the paper's claim | paper (Pythia-160M) | ours: effect [95% interval] | verdict |", "|---|---|---|---|"]
+    """Markdown rows: claim, the paper's figures, ours as effect [95% interval], seeds and test, p raw and
+    Holm-adjusted within its family, verdict. digits(metric) -> int."""
+    lines = ["| the paper's claim | paper (Pythia-160M) | ours: effect [95% interval] | seeds, test | p (Holm-adjusted) "
+             "| verdict |", "|---|---|---|---|---|---|"]
     for c in checked:
         d = digits(c["metric"])
         ours = f"{c['metric']} {c['effect']:+.{d}f} [{c['low']:+.{d}f}, {c['high']:+.{d}f}]"
         verdict = c["verdict"] + (f" (would detect ±{c['mde']:.{d}f})" if c["verdict"].startswith("not") else "")
-        lines.append(f"| {c['claim']} | {c['paper']} | {ours} | {verdict} |")
+        verdict += ", fragile" if c.get("fragile") else ""
+        adjusted = "–" if c.get("p") is None else f"{c['p']:.2g} ({c['p_adjusted']:.2g})"
+        lines.append(f"| {c['claim']} | {c['paper']} | {ours} | {c['seeds'][1]} v {c['seeds'][0]}, {c.get('test') or '–'} "
+                     f"| {adjusted} | {verdict} |")
     if depth:
         interval = "" if depth["seeds"] < 2 else f" [{depth['low']:.2f}, {depth['high']:.2f}]"
-        lines.append(f"| {depth['claim']} | {depth['paper']} | {depth['ratio']:.2f}×{interval} | {depth['verdict']} |")
+        lines.append(f"| {depth['claim']} | {depth['paper']} | {depth['ratio']:.2f}×{interval} | {depth['seeds']} seeds, t "
+                     f"| – | {depth['verdict']} |")
     return lines

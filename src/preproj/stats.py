@@ -31,19 +31,38 @@ import numpy as np
 MDE_Z = 1.959964 + 0.841621  # two-sided 5% test at 80% power
 
 
-def accuracy(values: np.ndarray) -> np.ndarray:
-    """values (..., items) of 0/1 -> the mean over items."""
-    return values.mean(axis=-1)
+class Statistic:
+    """A metric computed from per-item values, with its influence values: u such that the metric of resampled items
+    moves, to first order, by the mean of their u. var(u) / items is then the variance an infinite paired bootstrap
+    over items would give, in closed form (the delta method), which makes intervals exact to compute and fast
+    enough to map their coverage by simulation (docs/coverage.md)."""
+
+    def __init__(self, name: str, value: Callable[[np.ndarray], np.ndarray], influence: Callable[[np.ndarray], np.ndarray]):
+        self.name, self.value, self.influence = name, value, influence
+
+    def __call__(self, values: np.ndarray) -> np.ndarray:
+        return self.value(values)
+
+    def __repr__(self) -> str:
+        return f"Statistic({self.name})"
 
 
-def ratio_of_sums(values: np.ndarray) -> np.ndarray:
-    """values (..., items, 2) of (numerator, denominator) -> sum of numerators / sum of denominators."""
+def _ratio(values: np.ndarray) -> np.ndarray:
     return values[..., 0].sum(axis=-1) / values[..., 1].sum(axis=-1)
 
 
-def perplexity(values: np.ndarray) -> np.ndarray:
-    """values (..., items, 2) of (nll, count) -> exp(total nll / total count)."""
-    return np.exp(ratio_of_sums(values))
+def _ratio_influence(values: np.ndarray) -> np.ndarray:
+    r = _ratio(values)[..., None]
+    return (values[..., 0] - r * values[..., 1]) / values[..., 1].mean(axis=-1, keepdims=True)
+
+
+accuracy = Statistic("mean", lambda v: v.mean(axis=-1), lambda v: v - v.mean(axis=-1, keepdims=True))
+"""values (..., items) of 0/1 -> the mean over items."""
+ratio_of_sums = Statistic("ratio of sums", _ratio, _ratio_influence)
+"""values (..., items, 2) of (numerator, denominator) -> sum of numerators / sum of denominators."""
+perplexity = Statistic("exp of a ratio of sums", lambda v: np.exp(_ratio(v)),
+                       lambda v: np.exp(_ratio(v))[..., None] * _ratio_influence(v))
+"""values (..., items, 2) of (nll, count) -> exp(total nll / total count)."""
 
 
 @dataclass
@@ -63,6 +82,12 @@ class Paired:
     items: int
     seeds: tuple[int, int]
     higher_is_better: bool
+    p: float = math.nan
+    """Two-sided p-value of a zero difference, from the same standard error and degrees of freedom as the interval."""
+    test: str = ""
+    """seed-paired, item-and-seed, or the older item bootstrap ("")."""
+    fragile: bool = False
+    """The verdict changes under the other defensible degrees-of-freedom convention (RULES)."""
 
     @property
     def verdict(self) -> str:
@@ -123,6 +148,96 @@ def _seed_variance(per_seed: np.ndarray, boot: np.ndarray) -> float:
     n = len(per_seed)
     interaction = (boot - boot.mean(axis=1, keepdims=True)).var(axis=0, ddof=1).mean() * n / (n - 1)
     return max(0.0, float(per_seed.var(ddof=1) - interaction))
+
+
+# How a seed variance estimated as (between-seed mean square - interaction) enters the interval. docs/coverage.md maps
+# each rule's coverage by simulation; RULE is the one chosen there, and a call the other rules disagree on is fragile.
+RULES = ("subtract, n-1 df", "subtract, Satterthwaite df", "raw, n-1 df", "raw, t(n-1) for all")
+RULE = "subtract, Satterthwaite df"
+
+
+def _seed_part(per_seed: np.ndarray, influence: np.ndarray, rule: str) -> tuple[float, float]:
+    """(variance of the seed mean, its degrees of freedom) for one arm's (or one seed-paired difference's) seeds.
+
+    per_seed (n,) metrics on the same items; influence (n, items). On fixed items the seeds' metrics also differ by
+    how each seed fares on these very items (the seed-by-item interaction), which the items' variance carries
+    already: subtracting it counts it once. The subtraction is a difference of two mean squares, and Satterthwaite's
+    degrees of freedom for it are far fewer than n - 1 when the two are close."""
+    n, items = influence.shape
+    between = float(per_seed.var(ddof=1))
+    if rule.startswith("raw"):
+        return between / n, n - 1.0
+    residual = influence - influence.mean(axis=0, keepdims=True)
+    interaction_df = (n - 1) * (items - 1)
+    interaction = float((residual ** 2).sum() / interaction_df / items) if interaction_df else 0.0
+    component = between - interaction
+    if component <= 0:
+        return 0.0, math.inf
+    if rule == "subtract, n-1 df":
+        return component / n, n - 1.0
+    df = component ** 2 / (between ** 2 / (n - 1) + interaction ** 2 / interaction_df)
+    return component / n, df
+
+
+def paired_difference(a: np.ndarray, b: np.ndarray, statistic: Statistic, *, metric: str = "",
+                      higher_is_better: bool = True, seed_paired: bool = False, rule: str = RULE,
+                      confidence: float = 0.95) -> Paired:
+    """Effect of B over A (the difference of the seed-averaged metrics) with its interval and p-value.
+
+    a, b: (seeds, items, ...) per-item values of the same items. The items' part of the variance is the paired
+    bootstrap's in closed form (Statistic). seed_paired (the same seeds on both sides, seed i the same data order):
+    the seeds enter through the per-seed differences; otherwise through each arm's own between-seed variance, a
+    single seed adding none (the interval is then conditional on that seed). Welch-Satterthwaite combines the
+    parts' degrees of freedom; the rule says how each seed part is estimated (RULES)."""
+    from scipy import stats as scipy_stats
+
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape[1:] != b.shape[1:]:
+        raise ValueError(f"paired comparison needs the same items on both sides, got shapes {a.shape} and {b.shape}.")
+    if seed_paired and (len(a) != len(b) or len(a) < 2):
+        raise ValueError(f"a seed-paired comparison needs the same two or more seeds on both sides, got {len(a)} and {len(b)}.")
+    n_items = a.shape[1]
+    theta_a, theta_b = statistic(a), statistic(b)
+    u_a, u_b = statistic.influence(a), statistic.influence(b)
+    effect = float(theta_b.mean() - theta_a.mean())
+    items_part = float((u_b.mean(axis=0) - u_a.mean(axis=0)).var(ddof=1) / n_items)
+    if seed_paired:
+        parts = [_seed_part(theta_b - theta_a, u_b - u_a, rule)]
+    else:
+        parts = [_seed_part(theta, u, rule) for theta, u in ((theta_a, u_a), (theta_b, u_b)) if len(theta) > 1]
+    var = items_part + sum(v for v, _ in parts)
+    seeds_share = sum(v ** 2 / df for v, df in parts if v > 0)
+    df = var ** 2 / seeds_share if seeds_share > 0 else math.inf
+    if rule == "raw, t(n-1) for all" and parts:  # as if the seeds carried all of the variance: no Welch credit
+        df = min(d for _, d in parts)
+    se = math.sqrt(var)
+    q = scipy_stats.t.ppf(0.5 + confidence / 2, df) if math.isfinite(df) else scipy_stats.norm.ppf(0.5 + confidence / 2)
+    power = scipy_stats.t.ppf(0.80, df) if math.isfinite(df) else scipy_stats.norm.ppf(0.80)
+    if se == 0:
+        p = 1.0 if effect == 0 else 0.0
+    else:
+        z = abs(effect) / se
+        p = float(2 * (scipy_stats.t.sf(z, df) if math.isfinite(df) else scipy_stats.norm.sf(z)))
+    return Paired(metric, float(theta_a.mean()), float(theta_b.mean()), effect, effect - q * se, effect + q * se,
+                  float((q + power) * se), n_items, (len(a), len(b)), higher_is_better, p,
+                  "seed-paired" if seed_paired else "item-and-seed")
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error), in the input's order."""
+    order = np.argsort(p_values)
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def benjamini_hochberg(p_values: list[float]) -> list[float]:
+    """Benjamini-Hochberg adjusted p-values (false discovery rate), in the input's order."""
+    from scipy.stats import false_discovery_control
+
+    return [float(x) for x in false_discovery_control(p_values)] if p_values else []
 
 
 def describe(p: Paired, digits: int = 3) -> str:

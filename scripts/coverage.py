@@ -1,0 +1,186 @@
+"""The coverage map of preproj's paired intervals: how often each rule's 95% interval covers the true difference.
+
+Simulated comparisons over a grid that brackets the CPU study's own regimes (docs/study-cpu: 62 to 5,153 items,
+3 seeds against 3 or against the base's 1, seed spreads from none to several item standard errors and unequal
+between the two arms, seed-by-item interaction from none to large, binary and ratio-of-sums metrics). Nothing
+here reads the study's results; the grid's scales were read off its variance components once (docs/coverage.md).
+
+    .venv/bin/python scripts/coverage.py --sims 2000            # writes docs/coverage.{md,json}
+
+Each rule (preproj.stats.RULES) is applied exactly as `compare` applies it, seed-paired where both arms share
+seeds and item-and-seed otherwise. The chosen rule is the narrowest that covers >= 94.5% in every cell where any
+rule can: with one seed an arm's own seed variance cannot be seen, so the single seed must be the base's (which
+has none); a cell with a varying single-seed arm is shown, not used to choose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import norm
+
+from preproj.stats import RULES, accuracy, paired_difference, ratio_of_sums
+
+# (metric, items): binary 0/1 items (LAMBADA 5,153, HellaSwag 1,000, ARC-E 2,376) and documents scored as a ratio
+# of sums (WikiText-2 test: 62 documents)
+SIZES = [("binary", 500), ("binary", 5000), ("ratio", 62), ("ratio", 500)]
+# Seed standard deviations on the latent scale, per metric: none, small, medium, large. On the binary scale 0.065
+# moves accuracy by about 0.024, the study's widest seed spread (LoRA, ARC-E); ratio: nats/token, up to 0.026.
+SEED_SD = {"binary": (0.0, 0.0135, 0.03, 0.08), "ratio": (0.0, 0.003, 0.01, 0.03)}
+# Seed-by-item interaction: none, medium, large. Binary: 0.15 makes two seeds disagree on about 10% of items
+# (the study: 7-20%); ratio: per-document nats/token (the study: about 0.01-0.03).
+INTERACTION = {"binary": (0.0, 0.15, 0.5), "ratio": (0.0, 0.01, 0.05)}
+# (sd of arm A's seeds, of arm B's) as indices into SEED_SD
+REGIMES_3V3 = {"none": (0, 0), "equal small": (1, 1), "equal medium": (2, 2), "dominant": (3, 3),
+               "unequal": (1, 3), "unequal reversed": (3, 1)}
+REGIMES_3V1 = {"none": (0, 0), "small": (0, 1), "medium": (0, 2), "dominant": (0, 3), "single seed varies": (2, 2)}
+BETA = {"binary": (-0.40, -0.35), "ratio": (0.0, -0.01)}  # arm A, arm B on the latent scale
+# Each arm's own item-by-item deviation, the same for all its seeds (two methods get different items right): binary
+# 0.3 makes the arms disagree on about 10% of items, ratio 0.02 nats/token per document.
+ARM_BY_ITEM = {"binary": 0.3, "ratio": 0.02}
+
+
+def simulate(rng, metric: str, items: int, seeds: tuple[int, int], sd: tuple[float, float], interaction: float,
+             rho: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """Per-item values of arms A and B on the same items, and the true difference B - A over items and seeds."""
+    difficulty = rng.normal(0, 1 if metric == "binary" else 0.3, items)
+    shared = rng.normal(0, 1, max(seeds))  # seed i is the same data order for both arms: correlated seed effects
+    arms = []
+    for arm, (n, s) in enumerate(zip(seeds, sd)):
+        own = rng.normal(0, 1, n)
+        seed_effect = s * (rho * shared[:n] + math.sqrt(1 - rho ** 2) * own) if n > 1 else s * own
+        latent = (difficulty + rng.normal(0, ARM_BY_ITEM[metric], items) + BETA[metric][arm] + seed_effect[:, None]
+                  + rng.normal(0, interaction or 1e-300, (n, items)))
+        arms.append(latent)
+    if metric == "binary":
+        spread = [1 + ARM_BY_ITEM[metric] ** 2 + sd[k] ** 2 + interaction ** 2 for k in (0, 1)]
+        truth = [norm.cdf(BETA[metric][k] / math.sqrt(spread[k])) for k in (0, 1)]
+        return (arms[0] > 0).astype(float), (arms[1] > 0).astype(float), truth[1] - truth[0]
+    counts = rng.lognormal(math.log(4000), 0.5, items)
+    values = [np.stack([(3.0 + x) * counts, np.broadcast_to(counts, x.shape)], axis=-1) for x in arms]
+    return values[0], values[1], BETA[metric][1] - BETA[metric][0]
+
+
+def cell_coverage(metric: str, items: int, seeds: tuple[int, int], sd: tuple[float, float], interaction: float,
+                  rho: float, sims: int, seed: int) -> dict:
+    """Coverage and mean width of every rule, item-and-seed and (3 vs 3) seed-paired, over `sims` simulations."""
+    rng = np.random.default_rng(seed)
+    statistic = accuracy if metric == "binary" else ratio_of_sums
+    tests = [False, True] if seeds[0] == seeds[1] > 1 else [False]
+    hits = {(t, r): 0 for t in tests for r in RULES}
+    width = {(t, r): 0.0 for t in tests for r in RULES}
+    for _ in range(sims):
+        a, b, truth = simulate(rng, metric, items, seeds, sd, interaction, rho)
+        for paired_seeds, rule in hits:
+            p = paired_difference(a, b, statistic, seed_paired=paired_seeds, rule=rule)
+            hits[paired_seeds, rule] += p.low - 1e-12 <= truth <= p.high + 1e-12  # float rounding of a zero-width interval
+            width[paired_seeds, rule] += p.high - p.low
+    return {("seed-paired" if t else "item-and-seed") + ": " + r: {"coverage": hits[t, r] / sims, "width": width[t, r] / sims}
+            for t, r in hits}
+
+
+def grid() -> list[dict]:
+    cells = []
+    for (metric, items), (seeds, regimes) in itertools.product(SIZES, [((3, 3), REGIMES_3V3), ((1, 3), REGIMES_3V1)]):
+        for (regime, (i, j)), k in itertools.product(regimes.items(), range(3)):
+            for rho in ((0.0, 0.8) if seeds == (3, 3) else (0.0,)):
+                cells.append({"metric": metric, "items": items, "seeds": seeds, "regime": regime,
+                              "sd": (SEED_SD[metric][i], SEED_SD[metric][j]), "interaction": INTERACTION[metric][k],
+                              "rho": rho, "usable": regime != "single seed varies"})
+    return cells
+
+
+def choose(cells: list[dict], floor: float = 0.945) -> dict:
+    """Per test, the narrowest rule (mean width over the usable cells) that covers >= floor in every usable cell."""
+    chosen = {}
+    for test in ("item-and-seed", "seed-paired"):
+        ok = {}
+        for rule in RULES:
+            key = f"{test}: {rule}"
+            usable = [c["result"][key] for c in cells if c["usable"] and key in c["result"]]
+            if usable and min(x["coverage"] for x in usable) >= floor:
+                ok[rule] = float(np.mean([x["width"] for x in usable]))
+        chosen[test] = min(ok, key=ok.get) if ok else None
+    return chosen
+
+
+def render(cells: list[dict], chosen: dict, sims: int, seconds: float) -> str:
+    keys = list(cells[0]["result"]) if cells else []
+    keys = sorted({k for c in cells for k in c["result"]}, key=lambda k: (k.startswith("seed"), k))
+    lines = ["# Coverage of the paired intervals", "",
+             f"`.venv/bin/python scripts/coverage.py --sims {sims}` ({seconds / 60:.0f} min on the project's 2-core CPU). "
+             f"Each cell is {sims} simulated comparisons of two arms on the same items; a rule covers when its 95% interval "
+             "holds the true difference over items and seeds. Monte Carlo standard error of a coverage near 95%: "
+             f"{math.sqrt(0.95 * 0.05 / sims) * 100:.1f} points.", "",
+             "Rules (`preproj.stats.RULES`): each arm's seed variance is its between-seed variance less the seed-by-item "
+             "interaction that the items' variance already carries (*subtract*), or the raw between-seed variance (*raw*, "
+             "which counts the interaction twice). *n-1 df* gives that estimate the seeds' n - 1 degrees of freedom; "
+             "*Satterthwaite df* the fewer that a difference of two mean squares has. *seed-paired* (both arms trained "
+             "with the same seeds, seed i the same data order) takes the seeds' part from the per-seed differences.", "",
+             "## Chosen", "",
+             *[f"- {test}: **{rule or 'no rule covers everywhere'}**" for test, rule in chosen.items()], "",
+             "The narrowest rule (mean width over the usable cells) that covers at least 94.5% in every usable cell. "
+             "Cells where the single-seed arm itself varies are shown but not usable: no interval can see a spread "
+             "from one seed, which is why every trained arm of the study has three seeds and only the base (which has "
+             "no seed variance) has one.", "",
+             "## Worst cell per rule", "", "| test: rule | lowest coverage | in cell | mean width (usable cells) |",
+             "|---|---|---|---|"]
+    for key in keys:
+        usable = [c for c in cells if c["usable"] and key in c["result"]]
+        worst = min(usable, key=lambda c: c["result"][key]["coverage"])
+        lines.append(f"| {key} | {worst['result'][key]['coverage']:.3f} | {_name(worst)} | "
+                     f"{np.mean([c['result'][key]['width'] for c in usable]):.4g} |")
+    lines += ["", "## Every cell", "", "Coverage per rule (width relative to the chosen item-and-seed rule's in brackets).", "",
+              "| metric | items | seeds A v B | seed sd A, B | interaction | ρ | " + " | ".join(keys) + " |",
+              "|---" * (6 + len(keys)) + "|"]
+    ref = f"item-and-seed: {chosen['item-and-seed']}"
+    for c in cells:
+        row = []
+        for key in keys:
+            if key not in c["result"]:
+                row.append("–")
+                continue
+            x = c["result"][key]
+            rel = f" ({x['width'] / c['result'][ref]['width']:.2f})" if ref in c["result"] and c["result"][ref]["width"] else ""
+            row.append(f"{x['coverage']:.3f}{rel}")
+        lines.append(f"| {c['metric']} | {c['items']} | {c['seeds'][0]} v {c['seeds'][1]} | {c['sd'][0]:g}, {c['sd'][1]:g}"
+                     f"{'' if c['usable'] else ' (single seed varies)'} | {c['interaction']:g} | {c['rho']:g} | "
+                     + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _name(c: dict) -> str:
+    return (f"{c['metric']}, {c['items']} items, {c['seeds'][0]} v {c['seeds'][1]} seeds, {c['regime']}, "
+            f"interaction {c['interaction']:g}, ρ {c['rho']:g}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sims", type=int, default=2000, help="simulations per cell (>= 1000 for the documented map)")
+    ap.add_argument("--out", default="docs/coverage", help="writes OUT.md and OUT.json")
+    ns = ap.parse_args(argv)
+    start, cells = time.monotonic(), grid()
+    for k, cell in enumerate(cells):
+        cell["result"] = cell_coverage(cell["metric"], cell["items"], cell["seeds"], cell["sd"], cell["interaction"],
+                                       cell["rho"], ns.sims, seed=k)
+        print(f"[coverage] {k + 1}/{len(cells)} {_name(cell)}: " + ", ".join(
+            f"{key.split(': ')[0][:4]}/{key.split(': ')[1]} {x['coverage']:.3f}" for key, x in cell["result"].items()),
+            file=sys.stderr, flush=True)
+    chosen = choose(cells)
+    out = Path(ns.out)
+    out.with_suffix(".json").write_text(json.dumps({"sims": ns.sims, "chosen": chosen, "cells": cells}, indent=1))
+    out.with_suffix(".md").write_text(render(cells, chosen, ns.sims, time.monotonic() - start))
+    print(f"chosen: {chosen}; {len(cells)} cells x {ns.sims} simulations in {(time.monotonic() - start) / 60:.1f} min; "
+          f"{out.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

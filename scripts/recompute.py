@@ -1,0 +1,155 @@
+"""Recompute a compare report's paired numbers from its per-item files alone, without preproj's statistics.
+
+An independent check of `preproj/stats.py` and the corrections in `preproj/compare.py`: this file imports only
+numpy and scipy, reads the run directories' items.TASK.jsonl and the report's results.json, and recomputes every
+paired entry (the effect, its 95% interval, its p-value, the family-adjusted p-values and the verdict) from the
+method written in docs/coverage.md. It prints each disagreement and exits 1 if there is any.
+
+    .venv/bin/python scripts/recompute.py docs/study-cpu
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+# task -> (metric, how one record becomes a value): accuracies are 0/1, perplexities and the held-out loss are
+# (numerator, denominator) pairs of a ratio of sums over documents
+METRICS = {
+    ("lambada", "acc"): lambda r: r["acc"],
+    ("hellaswag", "acc_norm"): lambda r: r["acc_norm"],
+    ("arc_easy", "acc"): lambda r: r["acc"],
+    ("wikitext", "word_perplexity"): lambda r: (-r["ll"], r["words"]),
+    ("wikitext", "heldout_loss"): lambda r: (-r["ll"], r["tokens"]),
+}
+
+
+def load(run_dir: Path, task: str, metric: str) -> np.ndarray:
+    rows = [json.loads(line) for line in (run_dir / f"items.{task}.jsonl").read_text().splitlines()]
+    rows = sorted((r for r in rows if r["task"] == task), key=lambda r: r["index"])
+    return np.array([METRICS[task, metric](r) for r in rows], dtype=float)
+
+
+def metric_and_linearisation(x: np.ndarray, metric: str) -> tuple[float, np.ndarray]:
+    """The metric on one seed's items and each item's first-order contribution to it."""
+    if x.ndim == 1:
+        return x.mean(), x - x.mean()
+    ratio = x[:, 0].sum() / x[:, 1].sum()
+    lin = (x[:, 0] - ratio * x[:, 1]) / x[:, 1].mean()
+    if metric == "word_perplexity":
+        return math.exp(ratio), math.exp(ratio) * lin
+    return ratio, lin
+
+
+def seed_term(values: list[float], lins: list[np.ndarray], rule: str) -> tuple[float, float]:
+    """(variance of the mean over seeds, degrees of freedom)."""
+    n, m = len(values), len(lins[0])
+    ms_seeds = np.var(values, ddof=1)
+    if rule.startswith("raw"):
+        return ms_seeds / n, n - 1
+    grid = np.array(lins)
+    resid = grid - grid.mean(axis=0)
+    dof = (n - 1) * (m - 1)
+    ms_inter = (resid ** 2).sum() / dof / m
+    comp = ms_seeds - ms_inter
+    if comp <= 0:
+        return 0.0, math.inf
+    if rule == "subtract, n-1 df":
+        return comp / n, n - 1
+    return comp / n, comp ** 2 / (ms_seeds ** 2 / (n - 1) + ms_inter ** 2 / dof)
+
+
+def compare(ref: list[np.ndarray], new: list[np.ndarray], metric: str, seed_paired: bool, rule: str) -> dict:
+    ref_m = [metric_and_linearisation(x, metric) for x in ref]
+    new_m = [metric_and_linearisation(x, metric) for x in new]
+    effect = np.mean([v for v, _ in new_m]) - np.mean([v for v, _ in ref_m])
+    d = np.mean([u for _, u in new_m], axis=0) - np.mean([u for _, u in ref_m], axis=0)
+    var_items = np.var(d, ddof=1) / len(d)
+    terms = []
+    if seed_paired:
+        terms.append(seed_term([b[0] - a[0] for a, b in zip(ref_m, new_m)], [b[1] - a[1] for a, b in zip(ref_m, new_m)], rule))
+    else:
+        terms += [seed_term([v for v, _ in side], [u for _, u in side], rule) for side in (ref_m, new_m) if len(side) > 1]
+    var = var_items + sum(v for v, _ in terms)
+    share = sum(v * v / df for v, df in terms if v > 0)
+    df = var * var / share if share > 0 else math.inf
+    if rule == "raw, t(n-1) for all" and terms:
+        df = min(df for _, df in terms)
+    q = stats.t.ppf(0.975, df) if math.isfinite(df) else stats.norm.ppf(0.975)
+    se = math.sqrt(var)
+    if se == 0:
+        p = 1.0 if effect == 0 else 0.0
+    else:
+        p = 2 * (stats.t.sf(abs(effect) / se, df) if math.isfinite(df) else stats.norm.sf(abs(effect) / se))
+    return {"effect": effect, "low": effect - q * se, "high": effect + q * se, "p": p}
+
+
+def holm(p: list[float]) -> list[float]:
+    out, worst = [0.0] * len(p), 0.0
+    for rank, i in enumerate(sorted(range(len(p)), key=lambda i: p[i])):
+        worst = max(worst, min(1.0, (len(p) - rank) * p[i]))
+        out[i] = worst
+    return out
+
+
+def bh(p: list[float]) -> list[float]:
+    out, best, m = [0.0] * len(p), 1.0, len(p)
+    order = sorted(range(m), key=lambda i: p[i], reverse=True)
+    for k, i in enumerate(order):
+        best = min(best, p[i] * m / (m - k))
+        out[i] = best
+    return out
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0] if argv else "docs/study-cpu")
+    report = json.loads((out / "results.json").read_text())
+    rule, plan = report["rule"], report["plan"]
+    seeds = {m: row["seeds"] for m, row in report["methods"].items()}
+    mine = []
+    for entry in report["paired"]:
+        task, metric = entry["metric"].split(".")
+        a = [load(out / f"{entry['reference']}-seed{s}", task, metric) for s in sorted(seeds[entry["reference"]])]
+        b = [load(out / f"{entry['method']}-seed{s}", task, metric) for s in sorted(seeds[entry["method"]])]
+        paired = "base" not in (entry["method"], entry["reference"]) and sorted(seeds[entry["method"]]) == \
+            sorted(seeds[entry["reference"]]) and len(seeds[entry["method"]]) > 1
+        mine.append({**compare(a, b, metric, paired, rule), "higher": entry["higher_is_better"]})
+    decided = [None] * len(mine)
+    adjusted: list[dict] = [{} for _ in mine]
+    for family in plan["families"]:
+        wanted = None if family["members"] == "all" else {(x["method"], x["reference"], x["metric"]) for x in family["members"]}
+        idx = [i for i, e in enumerate(report["paired"]) if wanted is None or (e["method"], e["reference"], e["metric"]) in wanted]
+        q = (holm if family["correction"] == "holm" else bh)([mine[i]["p"] for i in idx])
+        for i, qi in zip(idx, q):
+            adjusted[i][family["name"]] = qi
+            if family["correction"] == "holm" or decided[i] is None:
+                decided[i] = family["name"]
+    problems = 0
+    for i, (entry, m) in enumerate(zip(report["paired"], mine)):
+        q = adjusted[i].get(decided[i], m["p"])
+        raw = "no detectable difference" if m["low"] <= 0 <= m["high"] else \
+            ("better" if (m["effect"] > 0) == m["higher"] else "worse")
+        verdict = raw if q < plan.get("alpha", 0.05) else "no detectable difference"
+        name = f"{entry['method']} - {entry['reference']} {entry['metric']}"
+        for key in ("effect", "low", "high", "p"):
+            if not math.isclose(entry[key], m[key], rel_tol=1e-7, abs_tol=1e-12):
+                problems += 1
+                print(f"{name}: {key} {entry[key]!r} in results.json, {m[key]!r} recomputed")
+        if not math.isclose(entry.get("adjusted", {}).get(decided[i], entry["p"]), q, rel_tol=1e-7, abs_tol=1e-12):
+            problems += 1
+            print(f"{name}: adjusted p {entry.get('adjusted')} in results.json, {q!r} recomputed")
+        if entry["verdict"] != verdict:
+            problems += 1
+            print(f"{name}: verdict {entry['verdict']!r} in results.json, {verdict!r} recomputed")
+    print(f"{len(mine)} paired entries recomputed from the per-item files in {out} (rule: {rule}): "
+          + ("all agree" if not problems else f"{problems} disagreement(s)"))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
