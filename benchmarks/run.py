@@ -56,11 +56,13 @@ TARGETS = {  # name: (comparison, bound, what it says)
     "generation_overhead": ("<=", 1.30, "greedy generation time, adapted / base (worst of batch 1, 8)"),
     "kv_cache_ratio": ("==", 1.0, "K/V cache bytes, adapted / base"),
     "eval_vs_harness": ("<=", 1.0, "preproj eval time / harness HFLM time"),
+    "eval_adapter_overhead": ("<=", 1.30, "`preproj eval --adapter` time / the base's (worst method)"),
 }
 BATCH, SEQ = 4, 256
 DEVICE = torch.device("cpu")  # set from --device in main(); every tensor below is made on it
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 EVAL_LIMITS = {"lambada": 200, "hellaswag": 50, "arc_easy": 100, "wikitext": 3}
+EVAL_ADAPTER_ITEMS = 2  # per task (LAMBADA items, WikiText-2 documents at 2048-token windows) for eval_adapters
 
 
 def synchronize() -> None:
@@ -266,6 +268,36 @@ def bench_eval(model, tokenizer, data: Path, limits: dict, harness_batch: int, l
     return {"harness_batch_size": harness_batch, "rows": rows, "ratio": total}
 
 
+def bench_eval_adapters(base, tokenizer, data: Path, rounds: int, log) -> dict:
+    """Each method's saved adapter evaluated as `preproj eval --adapter` does it (loaded from its files, a LoRA merged),
+    against the base, interleaved: the median over rounds of the two times in the same round."""
+    from preproj.adapter import load_adapter
+    from preproj.baselines import merged_for_evaluation
+    from preproj.evaluation import evaluate
+    from preproj.methods import TRAINED_METHODS, build_method, save_method
+
+    def scorer(model):
+        return lambda: evaluate(model, tokenizer, ["lambada", "wikitext"], limit=EVAL_ADAPTER_ITEMS, max_length=2048,
+                                data_dir=data, progress=False)
+
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in TRAINED_METHODS:
+            built = build_method(copy.deepcopy(base), name)
+            for param_name, param in built.named_parameters():
+                if "lora_B" in param_name:  # B starts at zero; a trained LoRA's is not, and merging must not skip it
+                    torch.nn.init.normal_(param, std=1e-3)
+            save_method(built, name, Path(tmp) / name)
+            loaded = merged_for_evaluation(load_adapter(copy.deepcopy(base), Path(tmp) / name)).eval()
+            times = interleaved_times({"adapter": scorer(loaded), "base": scorer(base)}, rounds)
+            rows[name] = {"adapter_s": min(times["adapter"]), "base_s": min(times["base"]),
+                          "ratio": paired_ratio(times, "adapter", "base")}
+            log(f"  {name:<13} adapter {rows[name]['adapter_s']:6.1f} s  base {rows[name]['base_s']:6.1f} s  "
+                f"ratio {rows[name]['ratio']:.2f}")
+            del built, loaded
+    return {"items": EVAL_ADAPTER_ITEMS, "rows": rows, "worst": max(r["ratio"] for r in rows.values())}
+
+
 # --- memory (each job in a fresh process) ----------------------------------------------------------
 
 def child(job: str, model_name: str, data: str | None) -> None:
@@ -334,6 +366,8 @@ def figures(r: dict) -> dict[str, float]:
         f["kv_cache_ratio"] = r["kv"]["ratio"]
     if "eval" in r:
         f["eval_vs_harness"] = r["eval"]["ratio"]
+    if "eval_adapters" in r:
+        f["eval_adapter_overhead"] = r["eval_adapters"]["worst"]
     return f
 
 
@@ -368,6 +402,12 @@ def format_table(r: dict) -> str:
                   "| task | items | preproj (s) | harness (s) | ratio |", "|---|---|---|---|---|"]
         for row in r["eval"]["rows"]:
             lines.append(f"| {row['task']} | {row['limit']} | {row['preproj_s']:.1f} | {row['harness_s']:.1f} | {row['ratio']:.2f} |")
+    if "eval_adapters" in r:
+        lines += ["", f"`preproj eval --adapter` vs the base ({r['eval_adapters']['items']} LAMBADA items and WikiText-2 "
+                  "documents, 2048-token windows, fp32; LoRA merged)", "| method | adapter (s) | base (s) | ratio |",
+                  "|---|---|---|---|"]
+        for name, row in r["eval_adapters"]["rows"].items():
+            lines.append(f"| {name} | {row['adapter_s']:.1f} | {row['base_s']:.1f} | {row['ratio']:.2f} |")
     if "memory" in r:
         rss = r["memory"]["peak_rss_bytes"]
         lines += ["", "Peak resident memory: " + ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in rss.items())]
@@ -384,7 +424,7 @@ def main() -> None:
     parser.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps")
     parser.add_argument("--data-dir", default=None, help="default: $PREPROJ_DATA_DIR")
     parser.add_argument("--out", default="benchmarks/results/bench.json")
-    parser.add_argument("--only", default="peak,train,generate,kv,eval,memory", help="comma-separated sections")
+    parser.add_argument("--only", default="peak,train,generate,kv,eval,eval_adapters,memory", help="comma-separated sections")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per figure")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per generation call")
     parser.add_argument("--harness-batch-size", type=int, default=16)
@@ -398,11 +438,11 @@ def main() -> None:
     from preproj.data import resolve_data_dir
 
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
-    unknown = set(sections) - {"peak", "train", "generate", "kv", "eval", "memory"}
+    unknown = set(sections) - {"peak", "train", "generate", "kv", "eval", "eval_adapters", "memory"}
     if unknown:
-        raise SystemExit(f"Unknown sections {sorted(unknown)}; choose from peak,train,generate,kv,eval,memory.")
+        raise SystemExit(f"Unknown sections {sorted(unknown)}; choose from peak,train,generate,kv,eval,eval_adapters,memory.")
     data = resolve_data_dir(args.data_dir)
-    if data is None and {"eval", "memory"} & set(sections):
+    if data is None and {"eval", "eval_adapters", "memory"} & set(sections):
         raise SystemExit("The eval and memory sections need the data: set --data-dir or PREPROJ_DATA_DIR (../shared/data).")
     wall = time.monotonic()
 
@@ -435,6 +475,9 @@ def main() -> None:
     if "eval" in sections:
         log("eval: preproj eval vs lm-evaluation-harness")
         r["eval"] = bench_eval(adapted, tokenizer, data, EVAL_LIMITS, args.harness_batch_size, log)
+    if "eval_adapters" in sections:
+        log("eval_adapters: each method's saved adapter evaluated standalone vs the base")
+        r["eval_adapters"] = bench_eval_adapters(base, tokenizer, data, args.rounds, log)
     if "memory" in sections:
         log("memory: peak RSS of fresh processes")
         r["memory"] = bench_memory(args.model, data, log)

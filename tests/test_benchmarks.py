@@ -61,3 +61,17 @@ def test_generate_kv_and_the_targets_table(bench):
     assert r["targets"]["kv_cache_ratio"]["met"]
     table = bench.format_table(r)
     assert "K/V cache" in table and "float32/batch8" in table
+
+
+def test_eval_adapters_section_times_every_method_standalone(bench, monkeypatch):
+    from conftest import CharTokenizer, data_dir
+
+    assert data_dir() is not None, "../shared/data or $PREPROJ_DATA_DIR is needed"
+    monkeypatch.setattr(bench, "EVAL_ADAPTER_ITEMS", 1)
+    base = tiny_model("llama").eval()
+    base.config.max_position_embeddings = 4096  # CharTokenizer: a character per token; 2048-token windows
+    r = bench.bench_eval_adapters(base, CharTokenizer(), data_dir(), rounds=1, log=lambda msg: None)
+    assert set(r["rows"]) == {"preproj", "skip", "preproj+skip", "lora", "preproj+lora"}
+    assert all(row["ratio"] > 0 and row["adapter_s"] > 0 for row in r["rows"].values())
+    assert r["worst"] == max(row["ratio"] for row in r["rows"].values())
+    assert "eval_adapter_overhead" in bench.figures({"eval_adapters": r})

@@ -272,6 +272,12 @@ def test_per_item_records_round_trip_and_give_the_metrics(tmp_path):
     ppl = math.exp(-sum(r["ll"] for r in docs) / sum(r["words"] for r in docs))
     assert ppl == pytest.approx(report["tasks"]["wikitext"]["word_perplexity"], rel=1e-12)
     assert sum(r["tokens"] for r in docs) == report["tasks"]["wikitext"]["tokens"]
+    # the same documents as the file has them (the training text's format): spaced punctuation, more characters
+    as_file = evaluate(model, CharTokenizer(), ["wikitext_file"], limit=3, max_length=128, data_dir=data_dir(),
+                       progress=False)["tasks"]["wikitext_file"]
+    assert as_file["n"] == 3 and as_file["tokens"] > report["tasks"]["wikitext"]["tokens"]
+    with pytest.raises(ValueError, match="harness protocol's WikiText"):
+        evaluate(model, CharTokenizer(), ["wikitext_file"], protocol="paper", data_dir=data_dir(), progress=False)
     # the paper's WikiText (the bf16 question's metric): one record per scored row, exp of the mean row loss
     model.config.max_position_embeddings = 1024  # a row is up to 512 tokens, here characters; RoPE has no table
     paper = evaluate(model, CharTokenizer(), ["wikitext"], protocol="paper", max_length=1024, data_dir=data_dir(),
@@ -292,3 +298,27 @@ def test_paper_lambada_target_has_no_bos_for_tokenizers_that_add_one():
     lambada_paper(score, [{"text": "a b c word"}], items)
     assert items[0]["tokens"] == len(" word")  # the BOS would make it 6, and the target unguessable
     assert score.encode_special("ab")[0] == BosCharTokenizer.bos_token_id and score.encode("ab")[0] != 1
+
+
+def test_a_merged_lora_scores_as_the_unmerged_one(tmp_path):
+    """Evaluation merges a LoRA into the base weights (the base's cost): the same log-likelihoods up to rounding."""
+    from preproj.baselines import attach_lora, merged_for_evaluation
+    from preproj.evaluation import LogLikelihood
+
+    torch.manual_seed(0)
+    lora = attach_lora(tiny_model("llama"), rank=4)
+    for name, param in lora.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.05)  # B starts at zero: make the adapter change the model
+    pairs = [([5, 6, 7], [8, 9]), ([10, 11], [12, 13, 14])]
+    unmerged = LogLikelihood(lora, CharTokenizer(), progress=False)(pairs)
+    from peft.tuners.lora import LoraLayer
+
+    merged_model = merged_for_evaluation(lora)
+    layers = [m for m in merged_model.modules() if isinstance(m, LoraLayer)]
+    assert layers and all(m.merged for m in layers)
+    merged = LogLikelihood(merged_model, CharTokenizer(), progress=False)(pairs)
+    for (ll_u, greedy_u), (ll_m, greedy_m) in zip(unmerged, merged):
+        assert ll_m == pytest.approx(ll_u, abs=1e-4) and greedy_m == greedy_u
+    assert any(abs(u[0] - b[0]) > 1e-3 for u, b in zip(unmerged, LogLikelihood(tiny_model("llama"), CharTokenizer(),
+                                                                                 progress=False)(pairs)))

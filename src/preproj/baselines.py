@@ -59,3 +59,15 @@ def attach_lora(model: nn.Module, rank: int, dtype: torch.dtype = torch.float32)
         if "lora_" in name:
             param.data = param.data.to(dtype)
     return peft_model
+
+
+def merged_for_evaluation(model: nn.Module) -> nn.Module:
+    """The model with every LoRA layer's low-rank product merged into its base weight, as users do before serving: the
+    same function (up to rounding) at the base model's cost, where an unmerged rank-r LoRA adds two matmuls per
+    projection. In place; preproj's own modules are nonlinear, never merge, and stay as they are (preproj+lora)."""
+    from peft.tuners.lora import LoraLayer
+
+    for module in model.modules():
+        if isinstance(module, LoraLayer) and not module.merged:
+            module.merge()
+    return model

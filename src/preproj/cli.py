@@ -44,7 +44,8 @@ def _add_dataclass_args(parser: argparse.ArgumentParser, cls) -> None:
         flag = "--" + f.name.replace("_", "-")
         help_text = f"{docs.get(f.name, '')} (default: {f.default})".replace("%", "%%")
         if f.type in (bool, "bool"):
-            parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
+            action = argparse.BooleanOptionalAction if f.default else "store_true"  # a default of True needs --no-X
+            parser.add_argument(flag, action=action, default=f.default, help=help_text)
             continue
         kind = {"int | None": int, "str | None": str, "float | None": float}.get(str(f.type), type(f.default))
         parser.add_argument(flag, type=_typed(f.name, kind), default=f.default, help=help_text)
@@ -116,6 +117,10 @@ def _eval(ns: argparse.Namespace) -> int:
     items_out = str(Path(args.out).with_suffix("")) + ".items.jsonl" if args.items else None
     start = time.monotonic()
     model, tokenizer = _load(args.model, args.adapter, args.precision, args.device)
+    if args.merge_lora:
+        from .baselines import merged_for_evaluation
+
+        model = merged_for_evaluation(model)
     results = evaluate(model, tokenizer, args.tasks, protocol=args.protocol, limit=args.limit, data_dir=args.data_dir,
                        max_length=args.max_length, batch_tokens=args.batch_tokens, precision=args.precision,
                        model_name=args.model, adapter=args.adapter, out=args.out, items_out=items_out)

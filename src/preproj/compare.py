@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from . import distributed as ddist
+from .baselines import merged_for_evaluation
 from .evaluation import EXTRA_TASKS, TASKS, evaluate, read_items
 from .files import atomic_write, write_json
 from .methods import METHODS
@@ -242,6 +243,7 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
                               report_to=args.report_to, **{**train_args, "lr": lr})
             summary, model = train(targs, model, tokenizer, progress=progress)
         tasks, task_seconds, weights = {}, {}, trained_weights_digest(model)
+        model = merged_for_evaluation(model)  # a LoRA scores at the base's cost; the digest is of what was trained
         tasks_here = ("lambada", "hellaswag", "arc_easy", "wikitext", *eval_cfg.get("extra_tasks", ()))
         for task, limit in ({t: limits.get(t if t in limits else t.split("_")[0]) for t in tasks_here}).items():
             # Each finished task is kept, so an evaluation stopped part-way resumes at the task it was in,

@@ -66,6 +66,9 @@ class EvalArgs:
     """Longest window scored at once (harness: the model's context length; rolling WikiText windows use it)."""
     batch_tokens: int = 1024
     """Token budget of one forward batch (padded length x rows); small batches stay in cache on CPUs."""
+    merge_lora: bool = True
+    """Merge a LoRA adapter into the base weights before scoring (the same model up to rounding, at the base's cost;
+    an unmerged rank-r LoRA adds two matmuls per projection). preproj's own modules never merge."""
     precision: str = "fp32"
     """fp32, bf16-mixed (bf16 autocast; faster on CPUs with avx512_bf16 and on GPUs, not bit-comparable with the
     harness), bf16-true (bf16 weights) or bf16-frozen (bf16 base, fp32 adapter)."""
