@@ -140,6 +140,9 @@ CASES = [
     ("harness-batch-zero", lambda e: ["harness", "--tasks", "x", "--batch-size", "0"], "argument --batch-size: must be >= 1"),
     ("harness-fewshot-negative", lambda e: ["harness", "--tasks", "x", "--num-fewshot", "-2"], "argument --num-fewshot: must be >= 0"),
     ("harness-no-tasks", lambda e: ["harness"], "the following arguments are required: --tasks"),
+    ("paired-missing-files", lambda e: ["paired", str(e["root"] / "a.items.jsonl"), str(e["root"] / "b.items.jsonl")],
+     "a.items.jsonl: no such file"),
+    ("paired-a-directory", lambda e: ["paired", str(e["root"]), str(e["root"])], "not items files"),
     ("no-command", lambda e: [], "the following arguments are required: command"),
     ("unknown-command", lambda e: ["finetune"], "invalid choice: 'finetune'"),
 ]
@@ -164,7 +167,7 @@ def test_the_suite_covers_every_command(monkeypatch):
     monkeypatch.setattr("test_reliability.data_dir", lambda: Path("data"))
     fake = {"root": Path("r"), "model": "m", "corpus": "c"}
     commands = {argv[0] for argv in (build(fake) for _, build, _ in CASES) if argv}
-    assert len(CASES) >= 40 and commands == {"eval", "train", "compare", "inspect", "harness", "finetune"}
+    assert len(CASES) >= 40 and commands == {"eval", "train", "compare", "inspect", "harness", "finetune", "paired"}
 
 
 @pytest.mark.parametrize("make, says", [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import math
 import shutil
 
@@ -13,7 +14,7 @@ from safetensors.torch import load_file
 from preproj import load_adapter
 from preproj.baselines import lora_params_per_rank, matched_lora_rank
 from preproj.methods import build_method
-from preproj.training import TrainArgs, TrainingDiverged, lr_at, train
+from preproj.training import RESUME_MAY_CHANGE, TrainArgs, TrainingDiverged, lr_at, train
 
 from conftest import CharTokenizer, tiny_model
 
@@ -89,6 +90,31 @@ def test_killed_run_resumes_to_the_same_adapter_bitwise(tmp_path, corpus):
     unknown, _ = train(args_for(tmp_path, corpus, out=str(tmp_path / "old"), resume=True), tiny_model("llama"),
                        CharTokenizer(), progress=False)
     assert unknown["train_seconds"] is None and unknown["final_heldout_loss"] == full["final_heldout_loss"]
+
+
+def test_a_resume_with_other_arguments_is_refused_and_train_config_is_written_once(tmp_path, corpus):
+    args = args_for(tmp_path, corpus, steps=6, save_every=3)
+    model = tiny_model("llama")
+    calls, forward = {"n": 0}, model.model.forward
+
+    def killed_forward(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 1 + 2 + 2 * 4:  # structure check, held-out (2), 4 steps x 2 micro-batches: killed in step 4
+            raise KeyboardInterrupt("killed")
+        return forward(*a, **k)
+
+    model.model.forward = killed_forward
+    with pytest.raises(KeyboardInterrupt):
+        train(args, model, CharTokenizer(), progress=False)
+    recorded = (tmp_path / "run" / "train_config.json").read_text()
+    with pytest.raises(ValueError, match=r"\(steps 6 -> 9; lr 0\.01 -> 0\.05\); resume it with the recorded ones"):
+        train(replace(args, lr=0.05, steps=9, resume=True), tiny_model("llama"), CharTokenizer(), progress=False)
+    assert (tmp_path / "run" / "train_config.json").read_text() == recorded
+    # what only changes logging may differ; the run ends as an uninterrupted one would, its config unchanged
+    summary, _ = train(replace(args, resume=True, eval_every=2, report_to="none"), tiny_model("llama"), CharTokenizer(),
+                       progress=False)
+    assert summary["steps"] == 6 and (tmp_path / "run" / "train_config.json").read_text() == recorded
+    assert "resume" in RESUME_MAY_CHANGE and "lr" not in RESUME_MAY_CHANGE
 
 
 def test_nan_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path, corpus):

@@ -137,12 +137,10 @@ def load_adapter(model: nn.Module, directory: str | os.PathLike, dtype: torch.dt
     missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
     bad_shape = [k for k in expected if k in tensors and tensors[k].shape != expected[k].shape]
     if missing or unexpected or bad_shape:
-
         detach(model)
-        raise AdapterError(
-            f"{weights} does not match its config: missing {missing[:4]}, unexpected {unexpected[:4]}, "
-            f"wrong shape {bad_shape[:4]}."
-        )
+        parts = [f"{what} {keys[:4]}" for what, keys in (("missing", missing), ("unexpected", unexpected),
+                                                           ("wrong shape", bad_shape)) if keys]
+        raise AdapterError(f"{weights} does not match its config: {', '.join(parts)}.")
     with torch.no_grad():
         for key, param in expected.items():
             param.copy_(tensors[key])

@@ -245,6 +245,25 @@ def _torchrun(nproc: int, argv: list[str]) -> int:
     return subprocess.call(cmd)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("preproj")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _report_summary(report: str) -> str:
+    """The part of compare's report.md a terminal wants: its first table (the methods) and the paper's claims."""
+    sections = report.split("\n## ")
+    head = sections[0].split("\n\n")
+    table = next((block for block in head if block.startswith("| method")), "")
+    claims = next((s for s in sections[1:] if s.startswith("The paper's claims")), "")
+    claims_table = "\n".join(line for line in claims.splitlines() if line.startswith("|"))
+    return "\n\n".join(part for part in (head[0], table, claims_table and "The paper's claims:\n" + claims_table) if part)
+
+
 def _compare(ns: argparse.Namespace) -> int:
     from . import distributed as ddist
     from .compare import CompareArgs, run_compare
@@ -256,10 +275,11 @@ def _compare(ns: argparse.Namespace) -> int:
     report = run_compare(args)
     if not r.is_main:
         return 0
-    print((Path(args.out) / "report.md").read_text())
+    print(_report_summary((Path(args.out) / "report.md").read_text()))
     done = (f"interim report: {len(report['methods'])} methods with finished runs, {len(report['pending'])} run(s) to come"
             if report["pending"] else f"{len(report['methods'])} methods compared in {report['wall_seconds'] / 60:.1f} min")
-    print(f"summary: {done}; report.md, results.json, skip_norms.png, training_curves.png in {args.out}")
+    print(f"summary: {done}; the full report (paired differences, learning rates, what agrees) is "
+          f"{Path(args.out) / 'report.md'}; results.json and the plots are beside it")
     return 0
 
 
@@ -272,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .training import TrainArgs
 
     parser = _Parser(prog="preproj", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"preproj {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("inspect", help="Where the modules sit, parameters added, K/V cache cost, greedy samples.")
     _add_dataclass_args(p, InspectArgs)

@@ -115,6 +115,24 @@ class TrainArgs:
     with the method's files in OUT/adapter."""
 
 
+# Arguments a resumed run may change: where things are (a run directory may move) and what is logged, never what is
+# computed.
+RESUME_MAY_CHANGE = ("out", "resume", "report_to", "eval_every", "save_every", "data_dir", "device", "nproc")
+
+
+def check_same_run(recorded_path: Path, args) -> None:
+    """Refuse to resume a run with arguments that differ from those it was started with (train_config.json), naming
+    every changed field; RESUME_MAY_CHANGE lists the ones that cannot change the result."""
+    if not recorded_path.is_file():
+        return
+    recorded = json.loads(recorded_path.read_text())
+    changed = [f"{k} {recorded[k]!r} -> {v!r}" for k, v in asdict(args).items()
+               if k not in RESUME_MAY_CHANGE and k in recorded and recorded[k] != v]
+    if changed:
+        raise ValueError(f"{recorded_path.parent} was started with other arguments ({'; '.join(changed)}); resume it with "
+                         "the recorded ones (train_config.json), or start afresh with another --out.")
+
+
 class TrainingDiverged(RuntimeError):
     """A NaN or inf loss; the last good checkpoint is left in place."""
 
@@ -360,11 +378,14 @@ def _train(args: TrainArgs, model, tokenizer, progress: bool, device: torch.devi
     optimizer = make_optimizer(list(params.values()), args.lr, args.weight_decay)
     config = {**asdict(args), "world_size": r.world_size, "global_batch_size": args.batch_size * r.world_size,
               "trainable_params": n_trainable, "data_description": data_desc}
-    if r.is_main:
+    continuing = args.resume and checkpoint_exists(ckpt)
+    if continuing:
+        check_same_run(out / "train_config.json", args)
+    if r.is_main and not (continuing and (out / "train_config.json").is_file()):  # written once: it describes every step
         write_json(out / "train_config.json", config)
 
     step, log = 0, []
-    if args.resume and checkpoint_exists(ckpt):
+    if continuing:
         step, log = load_checkpoint(ckpt, wrapped, optimizer, device)
         if r.is_main:
             print(f"resumed from {ckpt} at step {step}")
@@ -386,7 +407,9 @@ def _train(args: TrainArgs, model, tokenizer, progress: bool, device: torch.devi
     tokens_per_step = args.batch_size * r.world_size * args.grad_accum * args.seq_len
     audit = _Bf16Audit(params) if precision.name == "bf16-true" else None
     bar = tqdm(total=args.steps, initial=step, desc=f"train {args.method}", disable=not (progress and r.is_main))
-    loop_start, loop_start_step = time.monotonic(), step
+    # Throughput counts the steps this process ran and their time alone: held-out evaluations are left out, so a
+    # resumed run that has a few steps and a final evaluation left reports the speed of its steps.
+    loop_start, loop_start_step, evaluating = time.monotonic(), step, 0.0
     # Training seconds carry over a resume in the log, so a run stopped and resumed reports its whole time;
     # a checkpoint written before the log kept them leaves the total unknown.
     seconds_before = 0.0 if step == 0 else log[-1].get("seconds")
@@ -423,11 +446,13 @@ def _train(args: TrainArgs, model, tokenizer, progress: bool, device: torch.devi
             audit.after()
         optimizer.zero_grad(set_to_none=True)
         step += 1
-        elapsed = time.monotonic() - loop_start
+        stepping = time.monotonic() - loop_start - evaluating
         record = {"step": step, "loss": loss_sum, "lr": optimizer.param_groups[0]["lr"], "tokens": step * tokens_per_step,
-                  "tokens_per_second": (step - loop_start_step) * tokens_per_step / max(elapsed, 1e-9)}
+                  "tokens_per_second": (step - loop_start_step) * tokens_per_step / max(stepping, 1e-9)}
         if step % args.eval_every == 0 or step == args.steps:
+            t0 = time.monotonic()
             record["heldout_loss"] = heldout_loss(wrapped, held_ids, held_labels, args, device)
+            evaluating += time.monotonic() - t0
         if seconds_before is not None:
             record["seconds"] = seconds_before + time.monotonic() - loop_start
         log.append(record)
