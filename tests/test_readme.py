@@ -20,3 +20,33 @@ def test_readme_has_python_blocks():
 def test_a_readme_python_block_runs_as_pasted(block, tmp_path, monkeypatch, smollm2):
     monkeypatch.chdir(tmp_path)  # the blocks write out/
     exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
+
+
+def _help(command: str) -> str:
+    import contextlib
+    import io
+
+    from preproj.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        main([command, "--help"])
+    return out.getvalue()
+
+
+def test_the_command_table_names_only_flags_each_command_has():
+    text = README.read_text()
+    rows = re.findall(r"^\| `preproj (\w+)([^`]*)` \|", text, flags=re.M)
+    assert {name for name, _ in rows} >= {"inspect", "train", "eval", "compare", "paired", "harness", "pretrain", "scaling"}
+    for name, usage in rows:
+        flags = set(re.findall(r"--[a-z][a-z-]*", usage))
+        missing = [f for f in flags if f not in _help(name)]
+        assert not missing, f"README's command table shows {missing} for `preproj {name}`, whose --help lacks them"
+    said = re.search(r"`inspect`, `train`, `eval`, `compare`, `pretrain` and `scaling` take `--device` and\s+`--precision`", text)
+    assert said, "README no longer says which commands take --device and --precision; keep this test in step"
+    for name in ("inspect", "train", "eval", "compare", "pretrain", "scaling"):
+        assert "--device" in _help(name) and "--precision" in _help(name), name
+    for name in ("paired", "harness"):
+        assert "--precision" not in _help(name), name
+    reporting = {name for name in ("train", "compare", "pretrain", "scaling") if "--report-to" in _help(name)}
+    assert reporting == {"train", "compare", "pretrain"}
