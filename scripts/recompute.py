@@ -59,7 +59,7 @@ def seed_term(values: list[float], lins: list[np.ndarray], rule: str) -> tuple[f
     comp = ms_seeds - ms_inter
     if comp <= 0:
         return 0.0, math.inf
-    if rule == "subtract, n-1 df":
+    if rule != "subtract, Satterthwaite df":
         return comp / n, n - 1
     return comp / n, comp ** 2 / (ms_seeds ** 2 / (n - 1) + ms_inter ** 2 / dof)
 
@@ -76,6 +76,22 @@ def compare(ref: list[np.ndarray], new: list[np.ndarray], metric: str, seed_pair
     else:
         terms += [seed_term([v for v, _ in side], [u for _, u in side], rule) for side in (ref_m, new_m) if len(side) > 1]
     var = var_items + sum(v for v, _ in terms)
+    if rule.endswith("separate quantiles"):  # items at the normal quantile, each seed term at its own t, in quadrature
+        def half(c: float) -> float:  # half-width of the two-sided level-c interval (upper-tail quantiles: exact for tiny c)
+            return math.sqrt(stats.norm.isf(c / 2) ** 2 * var_items
+                             + sum((stats.t.isf(c / 2, df) if math.isfinite(df) else stats.norm.isf(c / 2)) ** 2 * v
+                                   for v, df in terms if v > 0))
+        p = 1.0 if effect == 0 else 0.0
+        if var > 0 and effect != 0:  # the level at which the interval just reaches zero, by bisection on log(level)
+            lo, hi = math.log(1e-16), 0.0
+            if half(math.exp(lo)) < abs(effect):
+                p = math.exp(lo)
+            else:
+                for _ in range(200):
+                    mid = (lo + hi) / 2
+                    lo, hi = (mid, hi) if half(math.exp(mid)) >= abs(effect) else (lo, mid)
+                p = math.exp(hi)
+        return {"effect": effect, "low": effect - half(0.05), "high": effect + half(0.05), "p": p}
     share = sum(v * v / df for v, df in terms if v > 0)
     df = var * var / share if share > 0 else math.inf
     if rule == "raw, t(n-1) for all" and terms:
@@ -137,10 +153,10 @@ def main(argv: list[str]) -> int:
         verdict = raw if q < plan.get("alpha", 0.05) else "no detectable difference"
         name = f"{entry['method']} - {entry['reference']} {entry['metric']}"
         for key in ("effect", "low", "high", "p"):
-            if not math.isclose(entry[key], m[key], rel_tol=1e-7, abs_tol=1e-12):
+            if not math.isclose(entry[key], m[key], rel_tol=1e-7, abs_tol=1e-12 if key != "p" else 1e-15):
                 problems += 1
                 print(f"{name}: {key} {entry[key]!r} in results.json, {m[key]!r} recomputed")
-        if not math.isclose(entry.get("adjusted", {}).get(decided[i], entry["p"]), q, rel_tol=1e-7, abs_tol=1e-12):
+        if not math.isclose(entry.get("adjusted", {}).get(decided[i], entry["p"]), q, rel_tol=1e-7, abs_tol=1e-14):
             problems += 1
             print(f"{name}: adjusted p {entry.get('adjusted')} in results.json, {q!r} recomputed")
         if entry["verdict"] != verdict:

@@ -66,7 +66,7 @@ def test_skip_agreement_refuses_adapters_without_a_skip(tmp_path):
         agreement.agreement([tmp_path / "missing", path])
 
 
-def _study_fixture(out: Path) -> None:
+def _study_fixture(out: Path, rule: str | None = None) -> None:
     """A compare directory in miniature: the base (one seed) and two arms with three shared seeds, per-item files for
     LAMBADA and WikiText, and the results.json that compare's own analysis writes from them."""
     import numpy as np
@@ -91,14 +91,16 @@ def _study_fixture(out: Path) -> None:
             (run_dir / "items.wikitext.jsonl").write_text("\n".join(lines) + "\n")
             runs.append({"method": method, "seed": seed, "run_dir": run_dir.name})
     methods = list(seeds)
-    plan = analysis_plan(out, methods, "harness")
-    report = {"methods": {m: {"seeds": s} for m, s in seeds.items()}, "plan": plan, "rule": RULE,
+    plan = {**analysis_plan(out, methods, "harness"), "rule": rule or RULE}
+    report = {"methods": {m: {"seeds": s} for m, s in seeds.items()}, "plan": plan, "rule": plan["rule"],
               "paired": paired_comparisons(runs, methods, "harness", out, plan)}
     (out / "results.json").write_text(json.dumps(report))
 
 
-def test_recompute_agrees_with_compare_from_the_item_files_alone_and_catches_a_change(tmp_path, capsys):
-    _study_fixture(tmp_path)
+@pytest.mark.parametrize("rule", ["subtract, Satterthwaite df", "raw, n-1 df", "subtract, separate quantiles",
+                                  "raw, separate quantiles", "raw, t(n-1) for all"])
+def test_recompute_agrees_with_compare_from_the_item_files_alone_and_catches_a_change(tmp_path, capsys, rule):
+    _study_fixture(tmp_path, rule)
     recompute = _load("recompute")
     assert "preproj" not in (SCRIPTS / "recompute.py").read_text().split('"""', 2)[2]  # imports no preproj
     assert recompute.main([str(tmp_path)]) == 0

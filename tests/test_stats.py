@@ -160,7 +160,7 @@ def test_satterthwaite_df_shrink_when_the_seeds_spread_barely_exceeds_the_intera
     raw = paired_difference(a, b, accuracy, rule="raw, n-1 df")
     assert wide.effect == narrow.effect == raw.effect
     assert (wide.high - wide.low) >= (narrow.high - narrow.low) and (raw.high - raw.low) >= (narrow.high - narrow.low)
-    assert set(RULES) == {"subtract, n-1 df", "subtract, Satterthwaite df", "raw, n-1 df"} and RULE in RULES
+    assert {"subtract, n-1 df", "subtract, Satterthwaite df", "raw, n-1 df"} <= set(RULES) and RULE in RULES
 
 
 def test_seed_paired_differences_cancel_a_shared_seed_effect():

@@ -286,7 +286,7 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
     report = summarise(runs, methods, args, eval_cfg["protocol"], limits, time.monotonic() - start, train_args, seeds)
     plan = analysis_plan(out, methods, eval_cfg["protocol"])
     report.update(pending=pending, sweep=sweep, precision=precision.name, eval_precision=eval_precision.name, device=str(device),
-                  plan=plan, rule=RULE, paired=paired_comparisons(runs, methods, eval_cfg["protocol"], out, plan))
+                  plan=plan, rule=plan.get("rule", RULE), paired=paired_comparisons(runs, methods, eval_cfg["protocol"], out, plan))
     report.update(claims=check_claims(report["paired"], plan, dict(COLUMNS[eval_cfg["protocol"]])),
                   depth=check_depth([r["skip_norms"] for r in runs if r["method"] == "preproj+skip" and r["skip_norms"]]))
     if not r.is_main:
@@ -353,7 +353,7 @@ DEFENSIBLE = ("subtract, Satterthwaite df", "raw, n-1 df")
 
 
 def paired_between(a: dict[str, list[Path]], b: dict[str, list[Path]], protocol: str,
-                   seed_paired: bool = False) -> list[Paired]:
+                   seed_paired: bool = False, rule: str = RULE) -> list[Paired]:
     """B against A on every paired metric both have: a and b map task -> per-seed item files (seed-paired: file i of
     both sides has the same seed)."""
     found = []
@@ -363,7 +363,8 @@ def paired_between(a: dict[str, list[Path]], b: dict[str, list[Path]], protocol:
         if va is None or vb is None or va.shape[1:] != vb.shape[1:]:
             continue
         pair = seed_paired and len(va) == len(vb) > 1
-        main = paired_difference(va, vb, statistic, metric=f"{task}.{metric}", higher_is_better=higher, seed_paired=pair)
+        main = paired_difference(va, vb, statistic, metric=f"{task}.{metric}", higher_is_better=higher, seed_paired=pair,
+                                 rule=rule)
         calls = {paired_difference(va, vb, statistic, higher_is_better=higher, seed_paired=pair, rule=rule).verdict
                  for rule in DEFENSIBLE}
         main.fragile = len(calls | {main.verdict}) > 1
@@ -413,7 +414,7 @@ def paired_comparisons(runs: list[dict], methods: list[str], protocol: str, out:
             if len(a[task]) != len(seeds[reference]) or len(b[task]) != len(seeds[method]):
                 a[task] = b[task] = []
         seed_paired = "base" not in (method, reference) and seeds[method] == seeds[reference] and len(seeds[method]) > 1
-        for p in paired_between(a, b, protocol, seed_paired):
+        for p in paired_between(a, b, protocol, seed_paired, plan.get("rule", RULE)):
             if plan.get("metrics") and p.metric not in plan["metrics"]:
                 continue
             found.append({"method": method, "reference": reference, **p.to_dict(), "raw_verdict": p.verdict})

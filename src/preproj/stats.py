@@ -150,33 +150,113 @@ def _seed_variance(per_seed: np.ndarray, boot: np.ndarray) -> float:
     return max(0.0, float(per_seed.var(ddof=1) - interaction))
 
 
-# How a seed variance estimated as (between-seed mean square - interaction) enters the interval. docs/coverage.md maps
-# each rule's coverage by simulation; RULE is the one chosen there, and a call the other rules disagree on is fragile.
-RULES = ("subtract, n-1 df", "subtract, Satterthwaite df", "raw, n-1 df", "raw, t(n-1) for all")
+# How the seeds' variance enters the interval. docs/coverage.md maps each rule's coverage by simulation (scripts/
+# coverage.py); RULE is the one chosen there, and a call that the defensible rules disagree on is fragile.
+#   subtract: an arm's seed variance is its between-seed variance less the seed-by-item interaction that the items'
+#             variance already carries; raw: the between-seed variance as it is (the interaction counted twice).
+#   n-1 df / Satterthwaite df: the degrees of freedom of that estimate, combined with the items' (infinite) by
+#             Welch-Satterthwaite; Satterthwaite's for a difference of two mean squares are far fewer when the two
+#             are close.
+#   t(n-1) for all: the whole interval takes the seeds' t-quantile, as if the seeds carried all of the variance.
+#   separate quantiles: the items' part takes the normal quantile and the seeds' part its own t(n-1), added in
+#             quadrature, so an underestimated seed variance cannot buy the items' degrees of freedom.
+RULES = ("subtract, n-1 df", "subtract, Satterthwaite df", "raw, n-1 df", "raw, t(n-1) for all",
+         "raw, separate quantiles", "subtract, separate quantiles")
 RULE = "subtract, Satterthwaite df"
 
 
-def _seed_part(per_seed: np.ndarray, influence: np.ndarray, rule: str) -> tuple[float, float]:
-    """(variance of the seed mean, its degrees of freedom) for one arm's (or one seed-paired difference's) seeds.
+@dataclass
+class _Parts:
+    """What every rule needs, computed once: the effect, the items' variance, and per seed part its between-seed
+    variance, interaction variance, seeds and items."""
 
-    per_seed (n,) metrics on the same items; influence (n, items). On fixed items the seeds' metrics also differ by
-    how each seed fares on these very items (the seed-by-item interaction), which the items' variance carries
-    already: subtracting it counts it once. The subtraction is a difference of two mean squares, and Satterthwaite's
-    degrees of freedom for it are far fewer than n - 1 when the two are close."""
-    n, items = influence.shape
-    between = float(per_seed.var(ddof=1))
+    effect: float
+    items: float
+    seeds: list[tuple[float, float, int, int]]
+
+
+def _parts(a: np.ndarray, b: np.ndarray, statistic: Statistic, seed_paired: bool) -> _Parts:
+    theta_a, theta_b = statistic(a), statistic(b)
+    u_a, u_b = statistic.influence(a), statistic.influence(b)
+    n_items = a.shape[1]
+    items = float((u_b.mean(axis=0) - u_a.mean(axis=0)).var(ddof=1) / n_items)
+    sides = [(theta_b - theta_a, u_b - u_a)] if seed_paired else [(t, u) for t, u in ((theta_a, u_a), (theta_b, u_b))
+                                                                  if len(t) > 1]
+    seeds = []
+    for per_seed, influence in sides:
+        n = len(per_seed)
+        residual = influence - influence.mean(axis=0, keepdims=True)
+        interaction = float((residual ** 2).sum() / ((n - 1) * (n_items - 1)) / n_items) if n_items > 1 else 0.0
+        seeds.append((float(per_seed.var(ddof=1)), interaction, n, n_items))
+    return _Parts(float(theta_b.mean() - theta_a.mean()), items, seeds)
+
+
+def _seed_part(between: float, interaction: float, n: int, items: int, rule: str) -> tuple[float, float]:
+    """(variance of the seed mean, its degrees of freedom) for one arm's (or one seed-paired difference's) seeds."""
     if rule.startswith("raw"):
         return between / n, n - 1.0
-    residual = influence - influence.mean(axis=0, keepdims=True)
-    interaction_df = (n - 1) * (items - 1)
-    interaction = float((residual ** 2).sum() / interaction_df / items) if interaction_df else 0.0
     component = between - interaction
     if component <= 0:
         return 0.0, math.inf
-    if rule == "subtract, n-1 df":
+    if rule != "subtract, Satterthwaite df":
         return component / n, n - 1.0
-    df = component ** 2 / (between ** 2 / (n - 1) + interaction ** 2 / interaction_df)
-    return component / n, df
+    interaction_df = (n - 1) * (items - 1)
+    return component / n, component ** 2 / (between ** 2 / (n - 1) + interaction ** 2 / interaction_df)
+
+
+def _quantile(df: float, level: float) -> float:
+    from scipy import stats as scipy_stats
+
+    return float(scipy_stats.t.ppf(level, df) if math.isfinite(df) else scipy_stats.norm.ppf(level))
+
+
+def _interval(parts: _Parts, rule: str, confidence: float = 0.95, with_p: bool = True) -> tuple[float, float, float, float]:
+    """(half-width, smallest detectable effect, p-value (nan unless with_p), standard error) under `rule`."""
+    from scipy import stats as scipy_stats
+
+    seeds = [_seed_part(*x, rule) for x in parts.seeds]
+    var = parts.items + sum(v for v, _ in seeds)
+    se = math.sqrt(var)
+    level = 0.5 + confidence / 2
+    if rule.endswith("separate quantiles"):
+        z, zp = _quantile(math.inf, level), _quantile(math.inf, 0.80)
+        half = math.sqrt(z ** 2 * parts.items + sum(_quantile(df, level) ** 2 * v for v, df in seeds))
+        mde = math.sqrt((z + zp) ** 2 * parts.items + sum((_quantile(df, level) + _quantile(df, 0.80)) ** 2 * v
+                                                         for v, df in seeds))
+        # the p-value of the same test: the level at which this construction's interval would just touch zero
+        p = math.nan if not with_p else _separate_p(parts.effect, parts.items, seeds) if se > 0 and parts.effect != 0 \
+            else float(parts.effect == 0)
+        return half, mde, p, se
+    share = sum(v ** 2 / df for v, df in seeds if v > 0)
+    df = var ** 2 / share if share > 0 else math.inf
+    if rule == "raw, t(n-1) for all" and seeds:
+        df = min(d for _, d in seeds)
+    q = _quantile(df, level)
+    mde = (q + _quantile(df, 0.80)) * se
+    if se == 0:
+        p = 1.0 if parts.effect == 0 else 0.0
+    else:
+        t = abs(parts.effect) / se
+        p = float(2 * (scipy_stats.t.sf(t, df) if math.isfinite(df) else scipy_stats.norm.sf(t)))
+    return q * se, mde, p, se
+
+
+def _separate_p(effect: float, items: float, seeds: list[tuple[float, float]]) -> float:
+    """The smallest two-sided level at which the separate-quantiles interval excludes zero (bisection on its log,
+    from 1e-16; upper-tail quantiles, exact for tiny levels)."""
+    from scipy import stats as scipy_stats
+
+    def half(c: float) -> float:
+        upper = [scipy_stats.t.isf(c / 2, df) if math.isfinite(df) else scipy_stats.norm.isf(c / 2) for _, df in seeds]
+        return math.sqrt(scipy_stats.norm.isf(c / 2) ** 2 * items + sum(q ** 2 * v for q, (v, _) in zip(upper, seeds) if v > 0))
+
+    low, high = math.log(1e-16), 0.0
+    if half(math.exp(low)) < abs(effect):
+        return math.exp(low)
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if half(math.exp(mid)) >= abs(effect) else (low, mid)
+    return math.exp(high)
 
 
 def paired_difference(a: np.ndarray, b: np.ndarray, statistic: Statistic, *, metric: str = "",
@@ -187,40 +267,30 @@ def paired_difference(a: np.ndarray, b: np.ndarray, statistic: Statistic, *, met
     a, b: (seeds, items, ...) per-item values of the same items. The items' part of the variance is the paired
     bootstrap's in closed form (Statistic). seed_paired (the same seeds on both sides, seed i the same data order):
     the seeds enter through the per-seed differences; otherwise through each arm's own between-seed variance, a
-    single seed adding none (the interval is then conditional on that seed). Welch-Satterthwaite combines the
-    parts' degrees of freedom; the rule says how each seed part is estimated (RULES)."""
-    from scipy import stats as scipy_stats
-
+    single seed adding none (the interval is then conditional on that seed). The rule says how (RULES)."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape[1:] != b.shape[1:]:
         raise ValueError(f"paired comparison needs the same items on both sides, got shapes {a.shape} and {b.shape}.")
     if seed_paired and (len(a) != len(b) or len(a) < 2):
         raise ValueError(f"a seed-paired comparison needs the same two or more seeds on both sides, got {len(a)} and {len(b)}.")
-    n_items = a.shape[1]
-    theta_a, theta_b = statistic(a), statistic(b)
-    u_a, u_b = statistic.influence(a), statistic.influence(b)
-    effect = float(theta_b.mean() - theta_a.mean())
-    items_part = float((u_b.mean(axis=0) - u_a.mean(axis=0)).var(ddof=1) / n_items)
-    if seed_paired:
-        parts = [_seed_part(theta_b - theta_a, u_b - u_a, rule)]
-    else:
-        parts = [_seed_part(theta, u, rule) for theta, u in ((theta_a, u_a), (theta_b, u_b)) if len(theta) > 1]
-    var = items_part + sum(v for v, _ in parts)
-    seeds_share = sum(v ** 2 / df for v, df in parts if v > 0)
-    df = var ** 2 / seeds_share if seeds_share > 0 else math.inf
-    if rule == "raw, t(n-1) for all" and parts:  # as if the seeds carried all of the variance: no Welch credit
-        df = min(d for _, d in parts)
-    se = math.sqrt(var)
-    q = scipy_stats.t.ppf(0.5 + confidence / 2, df) if math.isfinite(df) else scipy_stats.norm.ppf(0.5 + confidence / 2)
-    power = scipy_stats.t.ppf(0.80, df) if math.isfinite(df) else scipy_stats.norm.ppf(0.80)
-    if se == 0:
-        p = 1.0 if effect == 0 else 0.0
-    else:
-        z = abs(effect) / se
-        p = float(2 * (scipy_stats.t.sf(z, df) if math.isfinite(df) else scipy_stats.norm.sf(z)))
-    return Paired(metric, float(theta_a.mean()), float(theta_b.mean()), effect, effect - q * se, effect + q * se,
-                  float((q + power) * se), n_items, (len(a), len(b)), higher_is_better, p,
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}.")
+    parts = _parts(a, b, statistic, seed_paired)
+    half, mde, p, _ = _interval(parts, rule, confidence)
+    return Paired(metric, float(statistic(a).mean()), float(statistic(b).mean()), parts.effect, parts.effect - half,
+                  parts.effect + half, float(mde), a.shape[1], (len(a), len(b)), higher_is_better, p,
                   "seed-paired" if seed_paired else "item-and-seed")
+
+
+def intervals_by_rule(a: np.ndarray, b: np.ndarray, statistic: Statistic, *, seed_paired: bool = False,
+                      confidence: float = 0.95) -> dict[str, tuple[float, float]]:
+    """{rule: (low, high)} for every rule at once (the coverage map's inner loop)."""
+    parts = _parts(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64), statistic, seed_paired)
+    found = {}
+    for rule in RULES:
+        half = _interval(parts, rule, confidence, with_p=False)[0]
+        found[rule] = (parts.effect - half, parts.effect + half)
+    return found
 
 
 def holm(p_values: list[float]) -> list[float]:
