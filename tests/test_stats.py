@@ -182,3 +182,18 @@ def test_holm_and_benjamini_hochberg_adjust_as_published():
     assert holm(p) == pytest.approx([0.04, 0.09, 0.09, 0.025, 0.2])
     assert benjamini_hochberg(p) == pytest.approx([0.025, 0.05, 0.05, 0.025, 0.2])
     assert holm([]) == [] and benjamini_hochberg([]) == []
+
+
+def test_each_rules_p_value_agrees_with_its_own_interval():
+    """p < 0.05 exactly when the 95% interval excludes zero, for every rule, paired or not."""
+    rng = np.random.default_rng(23)
+    for k in range(12):
+        p = rng.uniform(0.2, 0.7, 800)
+        shift = rng.normal(0, 0.03, (3, 1))
+        a = (rng.random((3, 800)) < p + shift).astype(float)
+        b = (rng.random((3, 800)) < p + shift + 0.02 * (k % 4) + rng.normal(0, 0.02, (3, 1))).astype(float)
+        for rule in RULES:
+            for paired in (False, True):
+                q = paired_difference(a, b, accuracy, rule=rule, seed_paired=paired)
+                assert (q.p < 0.05) == (q.low > 0 or q.high < 0), (rule, paired, q)
+                assert q.low <= q.effect <= q.high and 0 <= q.p <= 1

@@ -1,0 +1,58 @@
+"""The study's tables for README, written from its committed results.json, so that the two cannot drift apart.
+
+    .venv/bin/python scripts/study_tables.py docs/study-cpu        # prints the markdown README carries
+
+tests/test_readme.py checks that README holds exactly what this prints for docs/study-cpu.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+COLUMNS = [("lambada.acc", "LAMBADA acc"), ("hellaswag.acc_norm", "HellaSwag acc_norm"), ("arc_easy.acc", "ARC-E acc"),
+           ("wikitext.word_perplexity", "WikiText-2 test word PPL"), ("wikitext.heldout_loss", "held-out loss (nats/token)"),
+           ("wikitext_file.heldout_loss", "loss, training text's format")]
+SHORT = {"no detectable difference": "not detectable"}
+
+
+def _cell(entry: dict) -> str:
+    digits = 2 if "perplexity" in entry["metric"] else 3
+    f = f"{{:+.{digits}f}}"
+    adjusted = entry.get("adjusted", {}).get(entry.get("decided_by"), entry["p"])
+    text = (f"{f.format(entry['effect'])} [{f.format(entry['low'])}, {f.format(entry['high'])}], "
+            f"p {entry['p']:.2g} (adj. {adjusted:.2g}): {SHORT.get(entry['verdict'], entry['verdict'])}")
+    if entry["verdict"] == "no detectable difference":
+        text += f" (±{entry['mde']:.{digits}f})"
+    return text + (", fragile" if entry.get("fragile") else "")
+
+
+def paired_table(report: dict) -> str:
+    columns = [(m, h) for m, h in COLUMNS if any(e["metric"] == m for e in report["paired"])]
+    lines = ["| comparison | seeds, test | " + " | ".join(h for _, h in columns) + " |", "|---" * (len(columns) + 2) + "|"]
+    for key in dict.fromkeys((e["method"], e["reference"]) for e in report["paired"]):
+        mine = {e["metric"]: e for e in report["paired"] if (e["method"], e["reference"]) == key}
+        first = next(iter(mine.values()))
+        lines.append(f"| {key[0]} − {key[1]} | {first['seeds'][1]} v {first['seeds'][0]}, {first['test']} | "
+                     + " | ".join(_cell(mine[m]) if m in mine else "–" for m, _ in columns) + " |")
+    return "\n".join(lines)
+
+
+def claims_table(report: dict) -> str:
+    lines = ["| claim | family | effect [95% interval] | p (Holm) | verdict |", "|---|---|---|---|---|"]
+    for c in report.get("claims", []):
+        digits = 2 if "perplexity" in c["metric"] else 3
+        lines.append(f"| {c['claim']} | {c['family']} | {c['metric']} {c['effect']:+.{digits}f} [{c['low']:+.{digits}f}, "
+                     f"{c['high']:+.{digits}f}] | {c['p']:.2g} ({c['p_adjusted']:.2g}) | {c['verdict']}"
+                     + (", fragile" if c.get("fragile") else "") + " |")
+    return "\n".join(lines)
+
+
+def tables(study: Path) -> str:
+    report = json.loads((study / "results.json").read_text())
+    return paired_table(report) + "\n\n" + claims_table(report)
+
+
+if __name__ == "__main__":
+    print(tables(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/study-cpu")))
