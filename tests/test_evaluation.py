@@ -322,3 +322,18 @@ def test_a_merged_lora_scores_as_the_unmerged_one(tmp_path):
         assert ll_m == pytest.approx(ll_u, abs=1e-4) and greedy_m == greedy_u
     assert any(abs(u[0] - b[0]) > 1e-3 for u, b in zip(unmerged, LogLikelihood(tiny_model("llama"), CharTokenizer(),
                                                                                  progress=False)(pairs)))
+
+
+def test_no_data_directory_offline_fails_at_once_and_names_the_variable_only_as_unset(monkeypatch):
+    import time
+
+    from preproj import hub
+
+    monkeypatch.delenv("PREPROJ_DATA_DIR", raising=False)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    hub.reachable.cache_clear()
+    start = time.monotonic()
+    with pytest.raises(datasets.DataNotFound, match=r"no --data-dir given and \$PREPROJ_DATA_DIR is not set.*unreachable"):
+        datasets.lambada(datasets.resolve_data_dir(None))
+    assert time.monotonic() - start < 10
+    hub.reachable.cache_clear()

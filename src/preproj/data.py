@@ -60,14 +60,18 @@ def _local(name: str, data_dir: Path | None) -> Path | None:
 
 
 def _hub(name: str, data_dir: Path | None):
+    from . import hub
+
     source = HUB_SOURCES.get(name)
-    where = f"{data_dir / LOCAL_FILES[name]}" if data_dir else f"$PREPROJ_DATA_DIR/{LOCAL_FILES[name]}"
+    where = f"no file {data_dir / LOCAL_FILES[name]}" if data_dir else f"no --data-dir given and ${DATA_ENV} is not set"
     advice = (
-        f"Data set {name!r} not found: no file {where}. Pass --data-dir (or set {DATA_ENV}) to a directory laid out "
+        f"Data set {name!r} not found: {where}. Pass --data-dir (or set {DATA_ENV}) to a directory laid out "
         f"like ../shared/data (see its README)"
     )
     if source is None:
         raise DataNotFound(advice + ".")
+    if not hub.reachable():
+        raise DataNotFound(advice + f"; the Hub, which has {source[0]}, is unreachable.")
     try:
         import datasets
     except ImportError:

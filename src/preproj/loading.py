@@ -93,6 +93,7 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = torch.fl
     from transformers import AutoModelForCausalLM
 
     device = resolve_device(device)
+    check_model_source(name)
     path = _dequantised_checkpoint(name) if name in EMBEDDED else name
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype))
@@ -115,8 +116,31 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = torch.fl
     return model, tokenizer
 
 
+def check_model_source(name: str) -> None:
+    """Fail at once, in one line, for a name that cannot load here: a path that does not exist, or a name that is
+    neither embedded, nor a local directory, nor cached, while the Hub is unreachable (transformers would retry
+    for minutes before saying so)."""
+    import difflib
+
+    from . import hub
+
+    if name in EMBEDDED or Path(name).expanduser().is_dir():
+        return
+    if name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name:
+        raise ModelLoadError(f"No such directory: {name!r}. Point --model at a directory with config.json, the "
+                             f"weights and the tokenizer, or use an embedded name ({', '.join(EMBEDDED)}).")
+    if hub.cached(name) or hub.reachable():
+        return
+    close = difflib.get_close_matches(name, list(EMBEDDED), n=2, cutoff=0.6)
+    raise ModelLoadError(f"Unknown model {name!r}: not an embedded name ({', '.join(EMBEDDED)}), not a local directory, "
+                         "not in the Hugging Face cache, and the Hub is unreachable."
+                         + (f" Did you mean {' or '.join(map(repr, close))}?" if close else "")
+                         + " Pass a local directory (config.json, weights, tokenizer) or run where the Hub is reachable.")
+
+
 def load_tokenizer(name: str):
     """The tokenizer alone of the embedded default, a hub id or a local directory, as load_model gives it."""
+    check_model_source(name)
     return _tokenizer_at(_dequantised_checkpoint(name) if name in EMBEDDED else name)
 
 
