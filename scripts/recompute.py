@@ -122,11 +122,21 @@ def bh(p: list[float]) -> list[float]:
     return out
 
 
-def main(argv: list[str]) -> int:
-    out = Path(argv[0] if argv else "docs/study-cpu")
-    report = json.loads((out / "results.json").read_text())
-    rule, plan = report["rule"], report["plan"]
-    seeds = {m: row["seeds"] for m, row in report["methods"].items()}
+RULES = ("subtract, n-1 df", "subtract, Satterthwaite df", "raw, n-1 df", "raw, t(n-1) for all",
+         "raw, separate quantiles", "subtract, separate quantiles")
+
+
+def twin_of(rule: str) -> str:
+    """The same rule under the other convention for the seed variance (less the interaction, or raw)."""
+    for a, b in (("subtract", "raw"), ("raw", "subtract")):
+        if rule.startswith(a + ", ") and rule.replace(a, b, 1) in RULES:
+            return rule.replace(a, b, 1)
+    return "raw, n-1 df" if rule.startswith("subtract") else "subtract, Satterthwaite df"
+
+
+def recomputed(out: Path, report: dict, rule: str) -> list[dict]:
+    """Every paired entry of the report under `rule`: effect, interval, p, the p its family decides by, verdict."""
+    plan, seeds = report["plan"], {m: row["seeds"] for m, row in report["methods"].items()}
     mine = []
     for entry in report["paired"]:
         task, metric = entry["metric"].split(".")
@@ -134,36 +144,46 @@ def main(argv: list[str]) -> int:
         b = [load(out / f"{entry['method']}-seed{s}", task, metric) for s in sorted(seeds[entry["method"]])]
         paired = "base" not in (entry["method"], entry["reference"]) and sorted(seeds[entry["method"]]) == \
             sorted(seeds[entry["reference"]]) and len(seeds[entry["method"]]) > 1
-        mine.append({**compare(a, b, metric, paired, rule), "higher": entry["higher_is_better"]})
-    decided = [None] * len(mine)
-    adjusted: list[dict] = [{} for _ in mine]
+        mine.append({**compare(a, b, metric, paired, rule), "higher": entry["higher_is_better"], "family": None})
     for family in plan["families"]:
         wanted = None if family["members"] == "all" else {(x["method"], x["reference"], x["metric"]) for x in family["members"]}
         idx = [i for i, e in enumerate(report["paired"]) if wanted is None or (e["method"], e["reference"], e["metric"]) in wanted]
-        q = (holm if family["correction"] == "holm" else bh)([mine[i]["p"] for i in idx])
-        for i, qi in zip(idx, q):
-            adjusted[i][family["name"]] = qi
-            if family["correction"] == "holm" or decided[i] is None:
-                decided[i] = family["name"]
-    problems = 0
-    for i, (entry, m) in enumerate(zip(report["paired"], mine)):
-        q = adjusted[i].get(decided[i], m["p"])
+        for i, q in zip(idx, (holm if family["correction"] == "holm" else bh)([mine[i]["p"] for i in idx])):
+            if family["correction"] == "holm" or mine[i]["family"] is None:
+                mine[i]["family"], mine[i]["q"] = family["name"], q
+    for m in mine:
+        m.setdefault("q", m["p"])
         raw = "no detectable difference" if m["low"] <= 0 <= m["high"] else \
             ("better" if (m["effect"] > 0) == m["higher"] else "worse")
-        verdict = raw if q < plan.get("alpha", 0.05) else "no detectable difference"
+        m["verdict"] = raw if m["q"] < plan.get("alpha", 0.05) else "no detectable difference"
+    return mine
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0] if argv else "docs/study-cpu")
+    report = json.loads((out / "results.json").read_text())
+    rule = report["rule"]
+    own, twin = recomputed(out, report, rule), recomputed(out, report, twin_of(rule))
+    problems = 0
+    for entry, m, other in zip(report["paired"], own, twin):
         name = f"{entry['method']} - {entry['reference']} {entry['metric']}"
         for key in ("effect", "low", "high", "p"):
             if not math.isclose(entry[key], m[key], rel_tol=1e-7, abs_tol=1e-12 if key != "p" else 1e-15):
                 problems += 1
                 print(f"{name}: {key} {entry[key]!r} in results.json, {m[key]!r} recomputed")
-        if not math.isclose(entry.get("adjusted", {}).get(decided[i], entry["p"]), q, rel_tol=1e-7, abs_tol=1e-14):
+        theirs = entry.get("adjusted", {}).get(m["family"], entry["p"])
+        if not math.isclose(theirs, m["q"], rel_tol=1e-7, abs_tol=1e-14):
             problems += 1
-            print(f"{name}: adjusted p {entry.get('adjusted')} in results.json, {q!r} recomputed")
-        if entry["verdict"] != verdict:
+            print(f"{name}: adjusted p {theirs!r} in results.json, {m['q']!r} recomputed")
+        if entry["verdict"] != m["verdict"]:
             problems += 1
-            print(f"{name}: verdict {entry['verdict']!r} in results.json, {verdict!r} recomputed")
-    print(f"{len(mine)} paired entries recomputed from the per-item files in {out} (rule: {rule}): "
-          + ("all agree" if not problems else f"{problems} disagreement(s)"))
+            print(f"{name}: verdict {entry['verdict']!r} in results.json, {m['verdict']!r} recomputed")
+        if entry.get("fragile") != (m["verdict"] != other["verdict"]):
+            problems += 1
+            print(f"{name}: fragile {entry.get('fragile')} in results.json; recomputed {m['verdict']} under {rule}, "
+                  f"{other['verdict']} under {twin_of(rule)}")
+    print(f"{len(own)} paired entries recomputed from the per-item files in {out} (rule: {rule}; fragile against "
+          f"{twin_of(rule)}): " + ("all agree" if not problems else f"{problems} disagreement(s)"))
     return 1 if problems else 0
 
 

@@ -347,9 +347,14 @@ def item_values(files: list[Path], task: str, value_of) -> np.ndarray | None:
     return np.array([v for _, v in rows], dtype=np.float64)
 
 
-# The two defensible conventions for a seed variance estimated on fixed items (docs/coverage.md): a call that
-# changes between them is fragile.
-DEFENSIBLE = ("subtract, Satterthwaite df", "raw, n-1 df")
+def other_convention(rule: str) -> str:
+    """The rule's twin under the other defensible convention for a seed variance measured on fixed items: less the
+    seed-by-item interaction, or raw (docs/coverage.md). A call that changes between the two is fragile."""
+    if rule.startswith("subtract, ") and rule.replace("subtract", "raw", 1) in RULES:
+        return rule.replace("subtract", "raw", 1)
+    if rule.startswith("raw, ") and rule.replace("raw", "subtract", 1) in RULES:
+        return rule.replace("raw", "subtract", 1)
+    return "raw, n-1 df" if rule.startswith("subtract") else "subtract, Satterthwaite df"
 
 
 def paired_between(a: dict[str, list[Path]], b: dict[str, list[Path]], protocol: str,
@@ -363,12 +368,8 @@ def paired_between(a: dict[str, list[Path]], b: dict[str, list[Path]], protocol:
         if va is None or vb is None or va.shape[1:] != vb.shape[1:]:
             continue
         pair = seed_paired and len(va) == len(vb) > 1
-        main = paired_difference(va, vb, statistic, metric=f"{task}.{metric}", higher_is_better=higher, seed_paired=pair,
-                                 rule=rule)
-        calls = {paired_difference(va, vb, statistic, higher_is_better=higher, seed_paired=pair, rule=rule).verdict
-                 for rule in DEFENSIBLE}
-        main.fragile = len(calls | {main.verdict}) > 1
-        found.append(main)
+        found.append(paired_difference(va, vb, statistic, metric=f"{task}.{metric}", higher_is_better=higher,
+                                       seed_paired=pair, rule=rule))
     return found
 
 
@@ -407,19 +408,22 @@ def paired_comparisons(runs: list[dict], methods: list[str], protocol: str, out:
     plan = plan or analysis_plan(out, methods, protocol)
     pairs = [(c["method"], c["reference"]) for c in plan["comparisons"] if {c["method"], c["reference"]} <= set(methods)]
     seeds = {m: sorted(r["seed"] for r in runs if r["method"] == m) for m in methods}
-    found = []
+    rule = plan.get("rule", RULE)
+    found, twin = [], []  # the plan's rule, and the other convention's, each corrected in full
     for method, reference in pairs:
         a, b = _run_files(out, runs, reference), _run_files(out, runs, method)
         for task in a:  # a run from before per-item records has no file: no paired comparison for it
             if len(a[task]) != len(seeds[reference]) or len(b[task]) != len(seeds[method]):
                 a[task] = b[task] = []
         seed_paired = "base" not in (method, reference) and seeds[method] == seeds[reference] and len(seeds[method]) > 1
-        for p in paired_between(a, b, protocol, seed_paired, plan.get("rule", RULE)):
-            if plan.get("metrics") and p.metric not in plan["metrics"]:
-                continue
-            found.append({"method": method, "reference": reference, **p.to_dict(), "raw_verdict": p.verdict})
+        for entries, r in ((found, rule), (twin, other_convention(rule))):
+            for p in paired_between(a, b, protocol, seed_paired, r):
+                if not plan.get("metrics") or p.metric in plan["metrics"]:
+                    entries.append({"method": method, "reference": reference, **p.to_dict(), "raw_verdict": p.verdict})
     _correct(found, plan)
-    for entry in found:
+    _correct(twin, plan)
+    for entry, other in zip(found, twin, strict=True):
+        entry["fragile"] = entry["verdict"] != other["verdict"]
         entry["text"] = _describe_entry(entry)
     return found
 
@@ -684,11 +688,13 @@ def paired_paragraph(report: dict) -> str:
            "better) with its 95% interval and p-value. The items' variance is the paired bootstrap's, in closed form; "
            "seeds enter seed by seed where both arms were trained with the same seeds (seed-paired: seed i is the same "
            "data order), else through each arm's own seed variance (item-and-seed; an arm with one seed adds none, so "
-           f"the interval is conditional on it). Seed variances follow the rule docs/coverage.md chose ({RULE}). "
+           "the interval is conditional on it). Seed variances follow the rule docs/coverage.md chose "
+           f"({plan.get('rule', RULE)}). "
            f"Every verdict follows the p-value adjusted for the comparisons of its family ({families}"
            + (f", declared in {plan['file']}" if plan.get("file") else "") + "): better or worse only when the adjusted "
            "p is below 0.05; otherwise the cell gives the smallest effect this run could have detected (80% power, "
-           "uncorrected). A call marked fragile changes under the other defensible seed-variance convention.")
+           "uncorrected). A call marked fragile changes, after correction, under the other defensible convention "
+           f"for the seeds' variance ({other_convention(plan.get('rule', RULE))}).")
     called = [p for p in paired if p["verdict"] != "no detectable difference"]
     if not called:
         said = f" After correction no method differs detectably from its reference on any of the {len(paired)} comparisons."
