@@ -16,7 +16,7 @@ from preproj.baselines import lora_params_per_rank, matched_lora_rank
 from preproj.methods import build_method
 from preproj.training import RESUME_MAY_CHANGE, TrainArgs, TrainingDiverged, lr_at, train
 
-from conftest import CharTokenizer, tiny_model
+from conftest import CharTokenizer, data_dir, tiny_model
 
 
 @pytest.fixture
@@ -239,3 +239,28 @@ def test_trackers_are_named_or_refused_clearly(tmp_path, corpus):
         with pytest.raises(ValueError, match="--report-to wandb needs the wandb package: pip install wandb"):
             train(args_for(tmp_path, corpus, out=str(tmp_path / "w"), report_to="wandb"), tiny_model("llama"),
                   CharTokenizer(), progress=False)
+
+
+def test_a_users_own_text_keeps_every_non_empty_line_in_any_of_three_forms(tmp_path):
+    from preproj import data as datasets
+
+    verse = ["roses are red", "", "violets are blue", "short lines", "are kept", "", "as they are"] * 10
+    (tmp_path / "verse.txt").write_text("\n".join(verse))
+    train, held, desc = datasets.training_corpus(str(tmp_path / "verse.txt"))
+    assert len(train) + len(held) == 50 and len(held) == 2 and train[0] == "roses are red"
+    assert desc == "verse.txt: 50 non-empty lines kept (20 blank dropped); the first 48 train, the last 2 held out"
+    (tmp_path / "chat.jsonl").write_text("\n".join(json.dumps({"text": f"hi {i}\nhello {i}"}) for i in range(10)))
+    train, held, _ = datasets.training_corpus(str(tmp_path / "chat.jsonl"))
+    assert train[:2] == ["hi 0", "hello 0"] and len(train) + len(held) == 20
+    folder = tmp_path / "code"
+    folder.mkdir()
+    (folder / "b.txt").write_text("x = 1\n\ny = 2")
+    (folder / "a.txt").write_text("def f():\n    return 0")
+    train, held, desc = datasets.training_corpus(str(folder))
+    assert train + held == ["def f():", "    return 0", "x = 1", "y = 2"] and "(2 .txt files)" in desc
+    (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"body": "no text"}\n')
+    with pytest.raises(datasets.DataNotFound, match=r"bad.jsonl:2 has no 'text' string"):
+        datasets.training_corpus(str(tmp_path / "bad.jsonl"))
+    # the paper's rule (lines longer than 50 characters) still holds for the named corpora
+    if data_dir() is not None:
+        assert all(len(line.strip()) > 50 for line in datasets.training_corpus("tinystories", data_dir())[0])

@@ -255,8 +255,9 @@ def training_corpus(name: str, data_dir: Path | None = None, *, lines: int | Non
 
     wikitext2: WikiText-2 raw valid for training, raw test held out (disjoint; the raw train split is
     not available offline). wikitext103: the paper's source, WikiText-103 raw train from the Hub, with
-    its validation split held out. tinystories: the local TinyStories head (smoke tests). Anything
-    else is read as a local text file, its last 5% of lines held out.
+    its validation split held out. tinystories: the local TinyStories head (smoke tests). These named
+    corpora keep the paper's WikiText rule (lines longer than 50 characters). Anything else is the user's
+    own text as it is (user_text): every non-empty line, the last 5% held out.
     """
     if name == "wikitext2":
         train = wikitext_lines("valid", data_dir)
@@ -288,9 +289,9 @@ def training_corpus(name: str, data_dir: Path | None = None, *, lines: int | Non
             if data_dir is None or not (data_dir / "tinystories/tinystories_validation_head.txt").is_file():
                 raise DataNotFound("tinystories needs tinystories/tinystories_validation_head.txt in --data-dir.")
             path = data_dir / "tinystories/tinystories_validation_head.txt"
-        if not path.is_file():
-            raise DataNotFound(f"--data {name!r} is neither a known corpus (wikitext2, wikitext2-train, wikitext103, "
-                               "tinystories) nor a file.")
+        if name != "tinystories":
+            train, held, desc = user_text(path)
+            return (train if lines is None else train[:lines]), held, desc
         all_lines = path.read_text(encoding="utf-8").split("\n")
         cut = int(len(all_lines) * 0.95)
         train, held = all_lines[:cut], all_lines[cut:]
@@ -299,6 +300,45 @@ def training_corpus(name: str, data_dir: Path | None = None, *, lines: int | Non
     if lines is not None:
         train = train[:lines]
     return train, [l for l in held if len(l.strip()) > 50], desc
+
+
+def user_text(path: Path) -> tuple[list[str], list[str], str]:
+    """(train lines, held-out lines, one line saying what was kept) from a user's own text, as it is: a text file, a
+    JSON Lines file of {"text": ...} records, or a directory of .txt files (in name order). Every non-empty line
+    is kept, whatever its length (dialogue, code, verse); the last 5% of them is held out."""
+    if path.is_dir():
+        files = sorted(path.glob("*.txt"))
+        if not files:
+            raise DataNotFound(f"--data {str(path)!r} is a directory without .txt files; give a file, a JSON Lines file "
+                               "with a 'text' field, or a directory of .txt files.")
+        raw = [line for f in files for line in f.read_text(encoding="utf-8").split("\n")]
+        source = f"{path.name}/ ({len(files)} .txt files)"
+    elif path.is_file() and path.suffix in (".jsonl", ".json"):
+        raw = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                raise DataNotFound(f"{path}:{number} is not JSON; a .jsonl file holds one {{\"text\": ...}} record per "
+                                   "line.") from None
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                raise DataNotFound(f"{path}:{number} has no 'text' string; a .jsonl file holds one {{\"text\": ...}} "
+                                   "record per line.")
+            raw += record["text"].split("\n")
+        source = path.name
+    elif path.is_file():
+        raw = path.read_text(encoding="utf-8").split("\n")
+        source = path.name
+    else:
+        raise DataNotFound(f"--data {str(path)!r} is neither a known corpus (wikitext2, wikitext2-train, wikitext103, "
+                           "tinystories) nor a file or directory.")
+    kept = [line for line in raw if line.strip()]
+    cut = len(kept) - max(1, len(kept) // 20) if len(kept) > 1 else len(kept)
+    desc = (f"{source}: {len(kept):,} non-empty lines kept ({len(raw) - len(kept):,} blank dropped); the first "
+            f"{cut:,} train, the last {len(kept) - cut:,} held out")
+    return kept[:cut], kept[cut:], desc
 
 
 def tokenize_examples(texts: list[str], tokenizer, seq_len: int, packing: str = "pack", max_examples: int | None = None):
@@ -319,7 +359,8 @@ def tokenize_examples(texts: list[str], tokenizer, seq_len: int, packing: str = 
                 break
         n = len(stream) // seq_len if max_examples is None else min(max_examples, len(stream) // seq_len)
         if n == 0:
-            raise ValueError(f"Only {len(stream)} tokens of training text: fewer than one window of {seq_len}.")
+            raise ValueError(f"Only {len(stream)} tokens of text in {len(texts)} lines: fewer than one window of "
+                             f"{seq_len}; give more text or a smaller --seq-len.")
         ids = torch.tensor(stream[: n * seq_len]).view(n, seq_len)
         return ids, ids.clone()
     if packing != "lines":

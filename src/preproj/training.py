@@ -371,6 +371,8 @@ def _train(args: TrainArgs, model, tokenizer, progress: bool, device: torch.devi
 
     data_dir = datasets.resolve_data_dir(args.data_dir)
     train_lines, held_lines, data_desc = datasets.training_corpus(args.data, data_dir, lines=args.lines)
+    if r.is_main and progress:
+        print(f"data: {data_desc}", flush=True)  # what was kept, dropped and held out, before any step
     ids, labels = datasets.tokenize_examples(train_lines, tokenizer, args.seq_len, args.packing)
     held_ids, held_labels = datasets.tokenize_examples(held_lines, tokenizer, args.seq_len, args.packing,
                                                        max_examples=args.eval_batches * args.batch_size * r.world_size)
