@@ -115,3 +115,20 @@ def test_recompute_agrees_with_compare_from_the_item_files_alone_and_catches_a_c
     path.write_text("\n".join(json.dumps(r) for r in flipped) + "\n")
     assert recompute.main([str(tmp_path)]) == 1
     assert "skip - base lambada.acc: effect" in capsys.readouterr().out
+
+
+def test_coverage_map_subset_welch_undercovers_where_one_arms_seeds_dominate_and_the_chosen_rule_does_not():
+    """A fast cell of docs/coverage.md's map (fixed seeds, so the same numbers every run): 3 v 3 seeds, one arm's
+    seeds varying far more than the other's, the study's situation against LoRA."""
+    from preproj.stats import RULE
+
+    coverage = _load("coverage")
+    sd = coverage.SEED_SD["binary"]
+    cell = coverage.cell_coverage("binary", 1000, (3, 3), (sd[1], sd[3]), 0.0, 0.0, sims=400, seed=1)
+    welch = cell["item-and-seed: subtract, Satterthwaite df"]["coverage"]
+    chosen = cell[f"item-and-seed: {RULE}"]["coverage"]
+    assert welch < 0.93 and chosen >= 0.93, (welch, chosen)
+    assert cell["item-and-seed: raw, t(n-1) for all"]["width"] > cell[f"item-and-seed: {RULE}"]["width"]
+    # no seed variance at all: every rule is the items' interval, near 95%
+    none = coverage.cell_coverage("ratio", 62, (3, 3), (0.0, 0.0), 0.0, 0.0, sims=300, seed=2)
+    assert 0.91 <= none[f"item-and-seed: {RULE}"]["coverage"] <= 0.99

@@ -178,8 +178,8 @@ def arm_method_lr(arm: str) -> tuple[str, float | None]:
     """'lora@3e-4' -> ('lora', 0.0003); 'lora' -> ('lora', None): an arm is a method, optionally at a fixed rate."""
     method, at, lr_text = arm.partition("@")
     if method not in ALL_METHODS:
-        raise ValueError(f"Unknown method {method!r} in {arm!r}; choose from {', '.join(ALL_METHODS)} (METHOD@LR for a "
-                         "fixed learning rate).")
+        raise ValueError(f"Unknown method {method!r}" + (f" in {arm!r}" if arm != method else "")
+                         + f"; choose from {', '.join(ALL_METHODS)} (METHOD@LR for a fixed learning rate).")
     if not at:
         return method, None
     try:

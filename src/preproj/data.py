@@ -335,6 +335,8 @@ def user_text(path: Path) -> tuple[list[str], list[str], str]:
         raise DataNotFound(f"--data {str(path)!r} is neither a known corpus (wikitext2, wikitext2-train, wikitext103, "
                            "tinystories) nor a file or directory.")
     kept = [line for line in raw if line.strip()]
+    if not kept:
+        raise DataNotFound(f"--data {str(path)!r} has no text: every line is empty.")
     cut = len(kept) - max(1, len(kept) // 20) if len(kept) > 1 else len(kept)
     desc = (f"{source}: {len(kept):,} non-empty lines kept ({len(raw) - len(kept):,} blank dropped); the first "
             f"{cut:,} train, the last {len(kept) - cut:,} held out")

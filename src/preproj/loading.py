@@ -126,6 +126,9 @@ def check_model_source(name: str) -> None:
 
     if name in EMBEDDED or Path(name).expanduser().is_dir():
         return
+    if Path(name).expanduser().exists():
+        raise ModelLoadError(f"{name!r} is a file, not a model directory; point --model at a directory with "
+                             "config.json, the weights and the tokenizer.")
     if name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name:
         raise ModelLoadError(f"No such directory: {name!r}. Point --model at a directory with config.json, the "
                              f"weights and the tokenizer, or use an embedded name ({', '.join(EMBEDDED)}).")
