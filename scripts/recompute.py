@@ -78,7 +78,7 @@ def compare(ref: list[np.ndarray], new: list[np.ndarray], metric: str, seed_pair
     var = var_items + sum(v for v, _ in terms)
     if rule.endswith("separate quantiles"):  # items at the normal quantile, each seed term at its own t, in quadrature
         def half(c: float) -> float:  # half-width of the two-sided level-c interval (upper-tail quantiles: exact for tiny c)
-            return math.sqrt(stats.norm.isf(c / 2) ** 2 * var_items
+            return math.sqrt(stats.t.isf(c / 2, len(d) - 1) ** 2 * var_items
                              + sum((stats.t.isf(c / 2, df) if math.isfinite(df) else stats.norm.isf(c / 2)) ** 2 * v
                                    for v, df in terms if v > 0))
         p = 1.0 if effect == 0 else 0.0
@@ -92,8 +92,8 @@ def compare(ref: list[np.ndarray], new: list[np.ndarray], metric: str, seed_pair
                     lo, hi = (mid, hi) if half(math.exp(mid)) >= abs(effect) else (lo, mid)
                 p = math.exp(hi)
         return {"effect": effect, "low": effect - half(0.05), "high": effect + half(0.05), "p": p}
-    share = sum(v * v / df for v, df in terms if v > 0)
-    df = var * var / share if share > 0 else math.inf
+    share = var_items ** 2 / (len(d) - 1) + sum(v * v / df for v, df in terms if v > 0)  # items: len - 1 df
+    df = var * var / share if share > 0 else len(d) - 1
     if rule == "raw, t(n-1) for all" and terms:
         df = min(df for _, df in terms)
     q = stats.t.ppf(0.975, df) if math.isfinite(df) else stats.norm.ppf(0.975)

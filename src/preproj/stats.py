@@ -158,8 +158,10 @@ def _seed_variance(per_seed: np.ndarray, boot: np.ndarray) -> float:
 #             Welch-Satterthwaite; Satterthwaite's for a difference of two mean squares are far fewer when the two
 #             are close.
 #   t(n-1) for all: the whole interval takes the seeds' t-quantile, as if the seeds carried all of the variance.
-#   separate quantiles: the items' part takes the normal quantile and the seeds' part its own t(n-1), added in
+#   separate quantiles: the items' part takes its own t-quantile and each seed part its own t(n-1), added in
 #             quadrature, so an underestimated seed variance cannot buy the items' degrees of freedom.
+# The items' variance is estimated from the items themselves, with items - 1 degrees of freedom (62 WikiText documents:
+# t 2.00 where the normal quantile is 1.96, which covered 93.8% instead of 95% in the map).
 RULES = ("subtract, n-1 df", "subtract, Satterthwaite df", "raw, n-1 df", "raw, t(n-1) for all",
          "raw, separate quantiles", "subtract, separate quantiles")
 RULE = "subtract, Satterthwaite df"
@@ -172,6 +174,7 @@ class _Parts:
 
     effect: float
     items: float
+    items_df: float
     seeds: list[tuple[float, float, int, int]]
 
 
@@ -188,7 +191,7 @@ def _parts(a: np.ndarray, b: np.ndarray, statistic: Statistic, seed_paired: bool
         residual = influence - influence.mean(axis=0, keepdims=True)
         interaction = float((residual ** 2).sum() / ((n - 1) * (n_items - 1)) / n_items) if n_items > 1 else 0.0
         seeds.append((float(per_seed.var(ddof=1)), interaction, n, n_items))
-    return _Parts(float(theta_b.mean() - theta_a.mean()), items, seeds)
+    return _Parts(float(theta_b.mean() - theta_a.mean()), items, max(1.0, n_items - 1.0), seeds)
 
 
 def _seed_part(between: float, interaction: float, n: int, items: int, rule: str) -> tuple[float, float]:
@@ -219,16 +222,16 @@ def _interval(parts: _Parts, rule: str, confidence: float = 0.95, with_p: bool =
     se = math.sqrt(var)
     level = 0.5 + confidence / 2
     if rule.endswith("separate quantiles"):
-        z, zp = _quantile(math.inf, level), _quantile(math.inf, 0.80)
+        z, zp = _quantile(parts.items_df, level), _quantile(parts.items_df, 0.80)
         half = math.sqrt(z ** 2 * parts.items + sum(_quantile(df, level) ** 2 * v for v, df in seeds))
         mde = math.sqrt((z + zp) ** 2 * parts.items + sum((_quantile(df, level) + _quantile(df, 0.80)) ** 2 * v
                                                          for v, df in seeds))
         # the p-value of the same test: the level at which this construction's interval would just touch zero
-        p = math.nan if not with_p else _separate_p(parts.effect, parts.items, seeds) if se > 0 and parts.effect != 0 \
+        p = math.nan if not with_p else _separate_p(parts.effect, parts.items, parts.items_df, seeds) if se > 0 and parts.effect != 0 \
             else float(parts.effect == 0)
         return half, mde, p, se
-    share = sum(v ** 2 / df for v, df in seeds if v > 0)
-    df = var ** 2 / share if share > 0 else math.inf
+    share = parts.items ** 2 / parts.items_df + sum(v ** 2 / df for v, df in seeds if v > 0)
+    df = var ** 2 / share if share > 0 else parts.items_df
     if rule == "raw, t(n-1) for all" and seeds:
         df = min(d for _, d in seeds)
     q = _quantile(df, level)
@@ -241,14 +244,15 @@ def _interval(parts: _Parts, rule: str, confidence: float = 0.95, with_p: bool =
     return q * se, mde, p, se
 
 
-def _separate_p(effect: float, items: float, seeds: list[tuple[float, float]]) -> float:
+def _separate_p(effect: float, items: float, items_df: float, seeds: list[tuple[float, float]]) -> float:
     """The smallest two-sided level at which the separate-quantiles interval excludes zero (bisection on its log,
     from 1e-16; upper-tail quantiles, exact for tiny levels)."""
     from scipy import stats as scipy_stats
 
     def half(c: float) -> float:
         upper = [scipy_stats.t.isf(c / 2, df) if math.isfinite(df) else scipy_stats.norm.isf(c / 2) for _, df in seeds]
-        return math.sqrt(scipy_stats.norm.isf(c / 2) ** 2 * items + sum(q ** 2 * v for q, (v, _) in zip(upper, seeds) if v > 0))
+        return math.sqrt(scipy_stats.t.isf(c / 2, items_df) ** 2 * items
+                         + sum(q ** 2 * v for q, (v, _) in zip(upper, seeds) if v > 0))
 
     low, high = math.log(1e-16), 0.0
     if half(math.exp(low)) < abs(effect):
