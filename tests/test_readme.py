@@ -50,3 +50,15 @@ def test_the_command_table_names_only_flags_each_command_has():
         assert "--precision" not in _help(name), name
     reporting = {name for name in ("train", "compare", "pretrain", "scaling") if "--report-to" in _help(name)}
     assert reporting == {"train", "compare", "pretrain"}
+
+
+def test_the_study_tables_in_readme_are_the_ones_its_results_json_gives():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("study_tables", README.parent / "scripts" / "study_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = README.read_text()
+    shown = text.split("<!-- study-tables:start -->\n", 1)[1].split("<!-- study-tables:end -->", 1)[0].strip()
+    assert shown == module.tables(README.parent / "docs" / "study-cpu").strip(), \
+        "README's study tables differ from docs/study-cpu/results.json: run scripts/study_tables.py and paste its output"

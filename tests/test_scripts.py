@@ -124,11 +124,11 @@ def test_coverage_map_subset_welch_undercovers_where_one_arms_seeds_dominate_and
 
     coverage = _load("coverage")
     sd = coverage.SEED_SD["binary"]
-    cell = coverage.cell_coverage("binary", 1000, (3, 3), (sd[1], sd[3]), 0.0, 0.0, sims=400, seed=1)
+    cell = coverage.cell_coverage("binary", 5000, (3, 3), (sd[1], sd[3]), 0.0, 0.0, sims=1500, seed=1)
     welch = cell["item-and-seed: subtract, Satterthwaite df"]["coverage"]
     chosen = cell[f"item-and-seed: {RULE}"]["coverage"]
-    assert welch < 0.93 and chosen >= 0.93, (welch, chosen)
-    assert cell["item-and-seed: raw, t(n-1) for all"]["width"] > cell[f"item-and-seed: {RULE}"]["width"]
-    # no seed variance at all: every rule is the items' interval, near 95%
+    assert welch < 0.93 and chosen >= 0.95, (welch, chosen)
+    assert cell[f"item-and-seed: {RULE}"]["width"] > cell["item-and-seed: subtract, Satterthwaite df"]["width"]
+    # no seed variance: the chosen rule still covers (it pays for that elsewhere with width)
     none = coverage.cell_coverage("ratio", 62, (3, 3), (0.0, 0.0), 0.0, 0.0, sims=300, seed=2)
-    assert 0.91 <= none[f"item-and-seed: {RULE}"]["coverage"] <= 0.99
+    assert none[f"item-and-seed: {RULE}"]["coverage"] >= 0.94

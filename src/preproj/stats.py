@@ -164,7 +164,7 @@ def _seed_variance(per_seed: np.ndarray, boot: np.ndarray) -> float:
 # t 2.00 where the normal quantile is 1.96, which covered 93.8% instead of 95% in the map).
 RULES = ("subtract, n-1 df", "subtract, Satterthwaite df", "raw, n-1 df", "raw, t(n-1) for all",
          "raw, separate quantiles", "subtract, separate quantiles")
-RULE = "subtract, Satterthwaite df"
+RULE = "raw, t(n-1) for all"
 
 
 @dataclass
