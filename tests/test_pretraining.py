@@ -120,3 +120,12 @@ def test_bad_pretrain_arguments_are_refused_in_one_line(argv, message, text_file
     code = main(["pretrain", "--data", str(text_file), "--out", str(tmp_path / "x"), "--device", "cpu", *argv])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_pretrain_resumed_with_another_rate_is_refused(text_file, tmp_path):
+    pretrain(small_args(tmp_path / "run", text_file, method="preproj+skip", tokens=64 * 8 * 6, save_every=3), progress=False)
+    recorded = (tmp_path / "run" / "train_config.json").read_text()
+    with pytest.raises(ValueError, match=r"started with other arguments \(lr 0\.003 -> 0\.01\)"):
+        pretrain(small_args(tmp_path / "run", text_file, method="preproj+skip", tokens=64 * 8 * 6, save_every=3, lr=1e-2,
+                            resume=True), progress=False)
+    assert (tmp_path / "run" / "train_config.json").read_text() == recorded
