@@ -273,3 +273,17 @@ def test_paired_under_the_paper_protocol_scores_wikitext_by_the_papers_perplexit
     mean_loss = 3.0 + 0.01 * np.mean([i % 7 for i in range(150)])
     assert p["metric"] == "wikitext.perplexity" and p["a"] == pytest.approx(math.exp(mean_loss))
     assert p["b"] == pytest.approx(math.exp(mean_loss - 0.051)) and p["verdict"] == "better" and p["seeds"] == [3, 3]
+
+
+@pytest.mark.integration
+def test_compare_resumed_with_other_training_arguments_is_refused(tmp_path, tiny_real_vocab_model, monkeypatch):
+    small = {**compare.PRESETS["cpu"]["train"], "seq_len": 32, "batch_size": 2, "eval_every": 2, "save_every": 2}
+    monkeypatch.setitem(compare.PRESETS["cpu"], "train", small)
+    monkeypatch.setitem(compare.PRESETS["cpu"], "eval", {**compare.PRESETS["cpu"]["eval"], "max_length": 256})
+    args = CompareArgs(model=tiny_real_vocab_model, methods="base,skip", steps=2, limit=2, data_dir=str(data_dir()),
+                       out=str(tmp_path / "cmp"))
+    run_compare(args, progress=False)
+    (tmp_path / "cmp" / "skip-seed42" / "result.json").unlink()  # as if stopped after training, before scoring
+    with pytest.raises(ValueError, match=r"started with other arguments \(steps 2 -> 3\)"):
+        run_compare(replace(args, steps=3), progress=False)
+    assert run_compare(args, progress=False)["methods"]["skip"]["train_tokens"] == 2 * 2 * 32
