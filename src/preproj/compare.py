@@ -26,7 +26,7 @@ from .paper import CLAIMS, PAPER_SKIP_NORMS, PAPER_TABLE, check_claims, check_de
 from .precision import precision as as_precision
 from .precision import resolve_device
 from .training import TrainArgs, train
-from .stats import (RULE, RULES, Paired, accuracy, benjamini_hochberg, describe, holm, paired_difference, perplexity,
+from .stats import (RULE, RULES, Paired, accuracy, benjamini_hochberg, holm, paired_difference, perplexity,
                     ratio_of_sums, t_interval)
 from .validation import check_args
 
