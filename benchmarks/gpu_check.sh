@@ -25,7 +25,7 @@ if [ "${1:-}" = "prepare" ]; then
     .venv/bin/python - "$carry/smollm2-config" <<'EOF'
 import shutil, sys
 from pathlib import Path
-from preproj.loading import _dequantised_checkpoint
+from preproj.runtime.loading import _dequantised_checkpoint
 src, dst = _dequantised_checkpoint("smollm2-135m"), Path(sys.argv[1])
 dst.mkdir(parents=True)
 for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):

@@ -42,12 +42,13 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from preproj import PreProjConfig, attach, load_model
-from preproj.files import write_json
-from preproj.inspection import kv_cache_bytes
-from preproj.loss import causal_lm_loss
+from preproj.runtime.files import write_json
+from preproj.experiments.inspection import kv_cache_bytes
+from preproj.core.loss import causal_lm_loss
 from preproj.methods import build_method
-from preproj.precision import resolve_device
-from preproj.training import compute_context_for, make_optimizer
+from preproj.runtime.precision import resolve_device
+from preproj.runtime.precision import compute_context as compute_context_for
+from preproj.training import make_optimizer
 
 TARGETS = {  # name: (comparison, bound, what it says)
     "train_mfu_bf16": (">=", 0.60, "preproj+skip training MFU, bf16"),
@@ -241,7 +242,7 @@ def bench_kv(base, adapted) -> dict:
 
 def bench_eval(model, tokenizer, data: Path, limits: dict, harness_batch: int, log) -> dict:
     from preproj.evaluation import evaluate
-    from preproj.harness import run_harness, write_local_tasks
+    from preproj.evaluation.harness import run_harness, write_local_tasks
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -271,10 +272,10 @@ def bench_eval(model, tokenizer, data: Path, limits: dict, harness_batch: int, l
 def bench_eval_adapters(base, tokenizer, data: Path, rounds: int, log) -> dict:
     """Each method's saved adapter evaluated as `preproj eval --adapter` does it (loaded from its files, a LoRA merged),
     against the base, interleaved: the median over rounds of the two times in the same round."""
-    from preproj.adapter import load_adapter
-    from preproj.baselines import merged_for_evaluation
+    from preproj.core.adapter import load_adapter
+    from preproj.methods.lora import merged_for_evaluation
     from preproj.evaluation import evaluate
-    from preproj.methods import TRAINED_METHODS, build_method, save_method
+    from preproj.methods import build_method, save_method, trained_methods
 
     def scorer(model):
         return lambda: evaluate(model, tokenizer, ["lambada", "wikitext"], limit=EVAL_ADAPTER_ITEMS, max_length=2048,
@@ -282,7 +283,7 @@ def bench_eval_adapters(base, tokenizer, data: Path, rounds: int, log) -> dict:
 
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name in TRAINED_METHODS:
+        for name in trained_methods():
             built = build_method(copy.deepcopy(base), name)
             for param_name, param in built.named_parameters():
                 if "lora_B" in param_name:  # B starts at zero; a trained LoRA's is not, and merging must not skip it

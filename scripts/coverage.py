@@ -7,7 +7,7 @@ here reads the study's results; the grid's scales were read off its variance com
 
     .venv/bin/python scripts/coverage.py --sims 2000            # writes docs/coverage.{md,json}
 
-Each rule (preproj.stats.RULES) is applied exactly as `compare` applies it, seed-paired where both arms share
+Each rule (preproj.analysis.stats.RULES) is applied exactly as `compare` applies it, seed-paired where both arms share
 seeds and item-and-seed otherwise. The chosen rule is the narrowest that covers >= 94.5% in every cell where any
 rule can: with one seed an arm's own seed variance cannot be seen, so the single seed must be the base's (which
 has none); a cell with a varying single-seed arm is shown, not used to choose.
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import norm
 
-from preproj.stats import RULES, accuracy, intervals_by_rule, ratio_of_sums
+from preproj.analysis.stats import RULES, accuracy, intervals_by_rule, ratio_of_sums
 
 # (metric, items): binary 0/1 items (LAMBADA 5,153, HellaSwag 1,000, ARC-E 2,376) and documents scored as a ratio
 # of sums (WikiText-2 test: 62 documents)
@@ -142,7 +142,7 @@ def render(cells: list[dict], chosen: dict, sims: int, seconds: float) -> str:
              f"Each cell is {sims} simulated comparisons of two arms on the same items; a rule covers when its 95% interval "
              "holds the true difference over items and seeds. Monte Carlo standard error of a coverage near 95%: "
              f"{math.sqrt(0.95 * 0.05 / sims) * 100:.1f} points.", "",
-             "Rules (`preproj.stats.RULES`): each arm's seed variance is its between-seed variance less the seed-by-item "
+             "Rules (`preproj.analysis.stats.RULES`): each arm's seed variance is its between-seed variance less the seed-by-item "
              "interaction that the items' variance already carries (*subtract*), or the raw between-seed variance (*raw*, "
              "which counts the interaction twice). *n-1 df* gives that estimate the seeds' n - 1 degrees of freedom; "
              "*Satterthwaite df* the fewer that a difference of two mean squares has; both then combine the seeds' and the "

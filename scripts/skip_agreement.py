@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from preproj.files import atomic_write, write_json
+from preproj.runtime.files import atomic_write, write_json
 
 SKIP_KEY = re.compile(r"layers\.(\d+)\.skip\.weight$")
 

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from preproj import AdapterError, PreProjConfig, attach, load_adapter, save_adapter
-from preproj.adapter import config_from_metadata
-from preproj.attach import adapter_state_dict
+from preproj.core.adapter import config_from_metadata
+from preproj.core.attach import adapter_state_dict
 
 from conftest import input_ids, tiny_model
 from test_attach import logits, set_adapter

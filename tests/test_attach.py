@@ -9,7 +9,7 @@ import torch
 import transformers
 
 from preproj import PreProjConfig, attach, detach, skip_norms, trainable_parameters
-from preproj.attach import adapted_layers, adapter_state_dict
+from preproj.core.attach import adapted_layers, adapter_state_dict
 
 from conftest import VOCAB, input_ids, tiny_model
 
@@ -219,7 +219,7 @@ def test_skip_norms_one_per_adapted_layer_in_order():
 @pytest.mark.parametrize("mode", MODES)
 def test_attention_sees_normed_input_only_in_skip_mode(family, mode):
     """'skip' feeds attention x̂ itself; the pre-projection modes feed it x̃ != x̂."""
-    from preproj.families import decoder_layers, input_norm_of
+    from preproj.core.families import decoder_layers, input_norm_of
 
     model = tiny_model(family)
     attach(model, PreProjConfig(mode=mode))
@@ -281,8 +281,8 @@ def test_a_decoder_outside_the_table_works_from_its_three_paths(tmp_path):
 @pytest.mark.parametrize("name", ["gemma2", "olmo2"])
 def test_the_skip_bypasses_the_attention_output_norm(name):
     """Gemma-2/3 and OLMo-2 norm the attention output: the skip is added after that norm (families.py)."""
-    from preproj.families import decoder_layers, input_norm_of
-    from preproj.modules import SkipAfterNorm
+    from preproj.core.families import decoder_layers, input_norm_of
+    from preproj.core.modules import SkipAfterNorm
 
     model = tiny_model(name)
     norm = decoder_layers(model)[0].post_attention_layernorm

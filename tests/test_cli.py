@@ -25,3 +25,22 @@ def test_inspect_reports_real_counts_cache_and_samples(tmp_path, capsys, smollm2
 def test_bad_model_is_a_clear_error_not_a_traceback(tmp_path, capsys):
     assert main(["inspect", "--model", str(tmp_path)]) == 2
     assert "error: Could not load a model from directory" in capsys.readouterr().err
+
+
+def test_a_stopped_run_is_told_the_command_that_continues_it():
+    from preproj.cli import resume_command
+
+    assert resume_command("train", ["train", "--out", "r x"]) == "preproj train --out 'r x' --resume"
+    assert resume_command("pretrain", ["pretrain", "--resume"]) == "preproj pretrain --resume"
+    assert resume_command("compare", ["compare", "--out", "c"]) == "preproj compare --out c"  # resumes by itself
+
+
+def test_quiet_keeps_the_library_progress_lines_off_the_terminal(tmp_path, capsys):
+    import logging
+
+    from preproj.cli import build_parser, _show_library_messages
+
+    for flags, shown in (([], True), (["--quiet"], False)):
+        _show_library_messages(build_parser().parse_args(["paired", "a", "b", *flags]))
+        logging.getLogger("preproj.experiments.compare").info("[compare] base seed 42 ...")
+        assert ("[compare] base seed 42" in capsys.readouterr().out) == shown

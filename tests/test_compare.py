@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import transformers
 
-from preproj import compare
+from preproj.experiments import compare
 from preproj.cli import main
-from preproj.compare import CompareArgs, agreement_paragraph, run_compare
-from preproj.files import RunLock
+from preproj.experiments.compare import CompareArgs, agreement_paragraph, run_compare
+from preproj.runtime.files import RunLock
 
 from conftest import data_dir
 
@@ -54,7 +54,7 @@ def test_compare_writes_table_results_and_plots(tmp_path, tiny_real_vocab_model,
     assert cell["n_items"] == 4 and cell["ci95"] is not None
     assert len(json.loads((out / "skip_norms.json").read_text())["ours"]["preproj+skip"]) == n
     # one each, for every method; preset cpu trains in 'auto', resolved for this machine and recorded
-    from preproj.precision import precision as as_precision
+    from preproj.runtime.precision import precision as as_precision
     assert (results["precision"], results["eval_precision"]) == (as_precision("auto", "cpu").name, "fp32")
     # paired comparisons over the same items: every trained method against base, and against lora
     keys = {(p["method"], p["reference"], p["metric"]) for p in results["paired"]}
@@ -155,7 +155,7 @@ def test_agreement_paragraph_reads_the_numbers():
 
 
 @pytest.mark.integration
-def test_learning_rates_are_swept_per_method_and_seeds_go_where_asked(tmp_path, tiny_real_vocab_model, monkeypatch, capsys):
+def test_learning_rates_are_swept_per_method_and_seeds_go_where_asked(tmp_path, tiny_real_vocab_model, monkeypatch, caplog):
     assert data_dir() is not None, "../shared/data or $PREPROJ_DATA_DIR is needed"
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(f"line {i}: the quick brown fox jumps over the lazy dog and keeps running {i}" for i in range(400)))
@@ -165,7 +165,8 @@ def test_learning_rates_are_swept_per_method_and_seeds_go_where_asked(tmp_path, 
     monkeypatch.setitem(compare.PRESETS["cpu"], "eval", {**compare.PRESETS["cpu"]["eval"], "max_length": 256})
     args = CompareArgs(model=tiny_real_vocab_model, methods="base,skip,lora", steps=2, limit=3, seeds=2, seeded_methods="skip",
                        lr_sweep="1e-4,3e-2", sweep_steps=2, data_dir=str(data_dir()), out=str(tmp_path / "cmp"))
-    report = run_compare(args, progress=False)
+    with caplog.at_level("INFO", logger="preproj"):
+        report = run_compare(args, progress=False)
     sweep = json.loads((tmp_path / "cmp" / "sweep" / "sweep.json").read_text())
     for method in ("skip", "lora"):
         losses = sweep["heldout_loss"][method]
@@ -173,7 +174,7 @@ def test_learning_rates_are_swept_per_method_and_seeds_go_where_asked(tmp_path, 
         assert sweep["chosen"][method] == float(min(losses, key=losses.get)) == report["methods"][method]["lr"]
     assert report["methods"]["skip"]["seeds"] == [42, 43] and report["methods"]["lora"]["seeds"] == [42]
     # seed by seed: every method's first seed before any second one
-    started = re.findall(r"\[compare\] (\S+) seed (\d+) \.\.\.", capsys.readouterr().out)
+    started = re.findall(r"\[compare\] (\S+) seed (\d+) \.\.\.", caplog.text)
     assert started == [("base", "42"), ("skip", "42"), ("lora", "42"), ("skip", "43")]
     assert {p["seeds"][1] for p in report["paired"] if p["method"] == "skip" and p["reference"] == "base"} == {2}
     text = (tmp_path / "cmp" / "report.md").read_text()

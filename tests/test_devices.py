@@ -21,7 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 import preproj
 from preproj.evaluation import LogLikelihood
-from preproj.precision import PRECISIONS, precision, resolve_device
+from preproj.runtime.precision import PRECISIONS, precision, resolve_device
 from preproj.training import TrainArgs, train
 
 SRC = Path(preproj.__file__).resolve().parent

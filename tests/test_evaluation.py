@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from preproj import data as datasets
-from preproj.evaluation import LogLikelihood, mean_stderr, ratio_stderr
+from preproj.evaluation import LogLikelihood
+from preproj.evaluation.tasks import mean_stderr, ratio_stderr
 
 from conftest import CharTokenizer, data_dir, tiny_model
 
@@ -147,7 +148,7 @@ def test_article_split_and_detokenizer():
 
 
 def test_wikitext_scores_the_detokenized_page_unless_asked_for_the_raw_one():
-    from preproj.evaluation import wikitext_harness
+    from preproj.evaluation.tasks.wikitext import harness as wikitext_harness
 
     score = LogLikelihood(tiny_model("llama"), CharTokenizer(), max_length=8, progress=False)
     page = " = A = \n \n x @-@ y , z . \n"
@@ -204,7 +205,8 @@ def test_missing_data_says_which_file_and_how(tmp_path, monkeypatch):
 
 
 def test_paper_protocol_definitions():
-    from preproj.evaluation import lambada_paper, wikitext_paper
+    from preproj.evaluation.tasks.lambada import paper as lambada_paper
+    from preproj.evaluation.tasks.wikitext import paper as wikitext_paper
 
     model = tiny_model("llama")
     score = LogLikelihood(model, CharTokenizer(), progress=False)
@@ -229,7 +231,7 @@ def test_paper_wikitext_rows_are_the_authors(smollm2):
     """07_benchmarks.py evaluate_perplexity, written out: the first 300 rows of the Hub's validation split
     (one row per line of the raw file, blank rows '', each other row keeping its newline), scored if the
     stripped row has >= 50 characters and tokenises, truncated to 512, to >= 10 tokens."""
-    from preproj.evaluation import paper_wikitext_rows
+    from preproj.evaluation.tasks.wikitext import paper_rows as paper_wikitext_rows
 
     assert data_dir() is not None, "../shared/data or $PREPROJ_DATA_DIR is needed"
     _, tokenizer = smollm2
@@ -289,7 +291,7 @@ def test_per_item_records_round_trip_and_give_the_metrics(tmp_path):
 
 
 def test_paper_lambada_target_has_no_bos_for_tokenizers_that_add_one():
-    from preproj.evaluation import lambada_paper
+    from preproj.evaluation.tasks.lambada import paper as lambada_paper
 
     from conftest import BosCharTokenizer
 
@@ -302,7 +304,7 @@ def test_paper_lambada_target_has_no_bos_for_tokenizers_that_add_one():
 
 def test_a_merged_lora_scores_as_the_unmerged_one(tmp_path):
     """Evaluation merges a LoRA into the base weights (the base's cost): the same log-likelihoods up to rounding."""
-    from preproj.baselines import attach_lora, merged_for_evaluation
+    from preproj.methods.lora import attach_lora, merged_for_evaluation
     from preproj.evaluation import LogLikelihood
 
     torch.manual_seed(0)
@@ -327,7 +329,7 @@ def test_a_merged_lora_scores_as_the_unmerged_one(tmp_path):
 def test_no_data_directory_offline_fails_at_once_and_names_the_variable_only_as_unset(monkeypatch):
     import time
 
-    from preproj import hub
+    from preproj.runtime import hub
 
     monkeypatch.delenv("PREPROJ_DATA_DIR", raising=False)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

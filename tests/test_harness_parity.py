@@ -1,6 +1,6 @@
 """`preproj eval` (protocol harness) against lm-evaluation-harness itself, on the same model and data.
 
-The harness runs its own HFLM on local copies of the four tasks (preproj.harness.write_local_tasks:
+The harness runs its own HFLM on local copies of the four tasks (preproj.evaluation.harness.write_local_tasks:
 the stock configs with `dataset_path: json`, the stock helper modules copied from lm_eval).
 """
 
@@ -13,7 +13,7 @@ import pytest
 
 from preproj import PreProjConfig, attach
 from preproj.evaluation import evaluate
-from preproj.harness import write_local_tasks
+from preproj.evaluation.harness import write_local_tasks
 
 from conftest import data_dir
 from test_attach import set_adapter
@@ -23,7 +23,7 @@ LIMIT = {"lambada": 24, "hellaswag": 16, "arc_easy": 24, "wikitext": 2}
 MAX_LENGTH = 512  # several rolling windows per WikiText document
 
 def run_both(model, tokenizer, include: Path, data: Path) -> tuple[dict, dict]:
-    from preproj.harness import run_harness
+    from preproj.evaluation.harness import run_harness
 
     harness = {}
     for task, limit in LIMIT.items():

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from preproj import PreProjConfig, attach, detach, load_adapter, load_model, save_adapter, trainable_parameters
-from preproj.attach import adapter_state_dict
-from preproj.loading import ModelLoadError
+from preproj.core.attach import adapter_state_dict
+from preproj.runtime.loading import ModelLoadError
 
 from conftest import tiny_model
 from test_attach import set_adapter
@@ -33,7 +33,7 @@ def test_directory_without_weights_says_what_is_missing(tmp_path):
 
 
 def test_unknown_hub_id_offline_fails_at_once_with_one_line_and_close_matches(monkeypatch):
-    from preproj import hub
+    from preproj.runtime import hub
 
     for offline in ("1", ""):  # offline mode set, and not set on a machine whose network is closed
         monkeypatch.setenv("HF_HUB_OFFLINE", offline)

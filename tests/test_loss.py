@@ -7,7 +7,7 @@ import torch
 import transformers
 
 from preproj import PreProjConfig, attach
-from preproj.loss import body_and_head, causal_lm_loss
+from preproj.core.loss import body_and_head, causal_lm_loss
 from preproj.methods import build_method
 
 from conftest import VOCAB, input_ids, tiny_model
@@ -30,7 +30,7 @@ def _labels(ids: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("chunk_rows", [5, 256])
 def test_equals_transformers_loss_and_gradients_fp32(family, chunk_rows, monkeypatch):
-    monkeypatch.setattr("preproj.loss.CHUNK_ROWS", chunk_rows)  # 5: many chunks, with a ragged last one
+    monkeypatch.setattr("preproj.core.loss.CHUNK_ROWS", chunk_rows)  # 5: many chunks, with a ragged last one
     model = attach(tiny_model(family), PreProjConfig(preproj_init_std=0.2, skip_init_std=0.2))  # eval mode: no dropout, so both runs see the same function
     ids = input_ids(3, 16)
     labels = _labels(ids)
@@ -47,7 +47,7 @@ def test_equals_transformers_loss_and_gradients_fp32(family, chunk_rows, monkeyp
 
 
 def test_bf16_autocast_matches_transformers_to_bf16_precision(monkeypatch):
-    monkeypatch.setattr("preproj.loss.CHUNK_ROWS", 7)
+    monkeypatch.setattr("preproj.core.loss.CHUNK_ROWS", 7)
     model = attach(tiny_model("llama"), PreProjConfig(preproj_init_std=0.2, skip_init_std=0.2))  # eval mode: no dropout, so both runs see the same function
     ids = input_ids(3, 16)
     labels = _labels(ids)

@@ -8,15 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from preproj.compare import COLUMNS, _correct, _digits, analysis_plan, plot_paired
-from preproj.paper import CLAIMS, PAPER_SKIP_NORMS, check_claims, check_depth, claim_pairs, claims_table
-from preproj.stats import accuracy, paired_difference, perplexity
+from preproj.experiments.compare import _correct, _digits, analysis_plan, column_names, plot_paired
+from preproj.analysis.paper import CLAIMS, PAPER_SKIP_NORMS, check_claims, check_depth, claim_pairs, claims_table
+from preproj.analysis.stats import accuracy, paired_difference, perplexity
 
 
 def planted(method: str, reference: str, task: str, delta: float, n: int = 3000, seed: int = 0) -> dict:
     """compare's paired entry for method against reference, from per-item values with a planted effect."""
     rng = np.random.default_rng(seed)
-    metric = f"{task}.{dict(COLUMNS['harness'])[task]}"
+    metric = f"{task}.{column_names('harness')[task]}"
     if task == "wikitext":  # per-document (nll, words): delta is added to the nll per word
         words = rng.integers(50, 500, n).astype(float)
         nll = rng.uniform(2.0, 4.0, n) * words
@@ -35,7 +35,7 @@ def checked_claims(paired: list[dict], protocol: str = "harness", plan: dict | N
     """compare's path: the default plan's corrections, then the claims."""
     plan = plan or analysis_plan(Path("/nonexistent"), ["base", "lora", "skip", "preproj", "preproj+skip", "preproj+lora"], protocol)
     _correct(paired, plan)
-    return check_claims(paired, plan, dict(COLUMNS[protocol]))
+    return check_claims(paired, plan, column_names(protocol))
 
 
 def test_a_claim_is_confirmed_refuted_or_undetectable_by_its_paired_interval():
@@ -87,7 +87,7 @@ def test_a_claim_follows_holm_within_its_family_and_a_plan_file_changes_the_fami
     paired = [planted("preproj+skip", "base", "lambada", +0.025, n=3000, seed=k) for k in range(8)]
     pick = sorted(paired, key=lambda p: abs(np.log(p["p"] / 0.02)))[0]
     tasks = ("lambada", "hellaswag", "arc_easy")
-    entries = [{**pick, "metric": f"{t}.{dict(COLUMNS['harness'])[t]}"} for t in tasks]
+    entries = [{**pick, "metric": f"{t}.{column_names('harness')[t]}"} for t in tasks]
     entries.append({**pick, "reference": "lora"})
     assert 0.01 < pick["p"] < 0.05 and pick["raw_verdict"] == "better"
     three = checked_claims([dict(e) for e in entries])

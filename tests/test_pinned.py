@@ -127,7 +127,7 @@ def training_fingerprint(method: str, tmp_path: Path) -> dict:
 
 
 def pretraining_fingerprint(method: str, tmp_path: Path) -> dict:
-    from preproj.pretraining import PretrainArgs, pretrain
+    from preproj.training.scratch import PretrainArgs, pretrain
 
     text = tmp_path / "text.txt"
     text.write_text("\n".join(CORPUS))

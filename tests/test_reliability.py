@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from preproj import AdapterError, PreProjConfig, attach, load_adapter, save_adapter
-from preproj.adapter import config_from_metadata
+from preproj.core.adapter import config_from_metadata
 from preproj.cli import main
-from preproj.files import RunInUse, RunLock, WriteFailed, atomic_write
+from preproj.runtime.files import RunInUse, RunLock, WriteFailed, atomic_write
 from preproj.training import TrainArgs, TrainingInterrupted, train
 
 LINES = [f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away {i * 7}" for i in range(300)]
@@ -206,7 +206,7 @@ def test_a_second_owner_is_refused_with_the_owners_name(tmp_path):
 
 
 def test_compare_and_train_refuse_an_owned_directory(tmp_path):
-    from preproj.compare import CompareArgs, run_compare
+    from preproj.experiments.compare import CompareArgs, run_compare
 
     with RunLock(tmp_path, "preproj compare"):
         with pytest.raises(RunInUse, match="in use by preproj compare"):
@@ -277,7 +277,7 @@ def test_sigint_stops_after_the_step_and_resume_is_bitwise(tmp_path):
 
     model.model.forward = interrupted
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN when the tests run as a background job
-    with pytest.raises(TrainingInterrupted, match=r"stopped by SIGINT after step 3; .*--resume") as info:
+    with pytest.raises(TrainingInterrupted, match=r"stopped by SIGINT after step 3; the checkpoint of that step is in") as info:
         train(args("run"), model, CharTokenizer(), progress=False)
     assert info.value.signal == signal.SIGINT
     assert torch.load(tmp_path / "run" / "checkpoint" / "state.pt", weights_only=True)["step"] == 3
@@ -336,7 +336,7 @@ def test_full_disk_during_an_adapter_write_keeps_the_previous_adapter(tmp_path, 
     def no_space(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("preproj.adapter.save_file", no_space)
+    monkeypatch.setattr("preproj.core.adapter.save_file", no_space)
     with pytest.raises(WriteFailed, match="the previous version is intact"):
         save_adapter(model, tmp_path)
     assert (tmp_path / "adapter_model.safetensors").read_bytes() == before

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-import preproj.scaling as scaling
-from preproj.scaling import ScalingArgs, parse_sizes, parse_variants, run_scaling
+import preproj.experiments.scaling as scaling
+from preproj.experiments.scaling import ScalingArgs, parse_sizes, parse_variants, run_scaling
 
 CORPUS = ["the cat sat on the mat and the dog ate the bone while the bird sang a song. " * 2] * 200
 

@@ -71,8 +71,8 @@ def _study_fixture(out: Path, rule: str | None = None) -> None:
     LAMBADA and WikiText, and the results.json that compare's own analysis writes from them."""
     import numpy as np
 
-    from preproj.compare import analysis_plan, paired_comparisons
-    from preproj.stats import RULE
+    from preproj.experiments.compare import analysis_plan, paired_comparisons
+    from preproj.analysis.stats import RULE
 
     rng = np.random.default_rng(0)
     p = rng.uniform(0.1, 0.8, 400)
@@ -120,7 +120,7 @@ def test_recompute_agrees_with_compare_from_the_item_files_alone_and_catches_a_c
 def test_coverage_map_subset_welch_undercovers_where_one_arms_seeds_dominate_and_the_chosen_rule_does_not():
     """A fast cell of docs/coverage.md's map (fixed seeds, so the same numbers every run): 3 v 3 seeds, one arm's
     seeds varying far more than the other's, the study's situation against LoRA."""
-    from preproj.stats import RULE
+    from preproj.analysis.stats import RULE
 
     coverage = _load("coverage")
     sd = coverage.SEED_SD["binary"]

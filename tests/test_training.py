@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from preproj import load_adapter
-from preproj.baselines import lora_params_per_rank, matched_lora_rank
+from preproj.methods.lora import lora_params_per_rank, matched_lora_rank
 from preproj.methods import build_method
 from preproj.training import RESUME_MAY_CHANGE, TrainArgs, TrainingDiverged, lr_at, train
 

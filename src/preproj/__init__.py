@@ -1,13 +1,15 @@
 """preproj: position-agnostic pre-projection and content skip for pretrained transformer attention."""
 
-__version__ = "0.1.0"
+from importlib.metadata import version as _version
 
-from .adapter import AdapterError, load_adapter, save_adapter  # noqa: E402
-from .attach import attach, detach, skip_norms, trainable_parameters  # noqa: E402
-from .config import PreProjConfig  # noqa: E402
-from .evaluation import evaluate  # noqa: E402
-from .families import supported_model_types  # noqa: E402
-from .loading import load_model  # noqa: E402
+__version__ = _version("preproj")
+
+from .core.adapter import AdapterError, load_adapter, save_adapter  # noqa: E402
+from .core.attach import attach, detach, skip_norms, trainable_parameters  # noqa: E402
+from .core.config import PreProjConfig  # noqa: E402
+from .core.families import supported_model_types  # noqa: E402
+from .evaluation.runner import evaluate  # noqa: E402
+from .runtime.loading import load_model  # noqa: E402
 
 __all__ = [
     "PreProjConfig",

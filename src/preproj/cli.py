@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
+import shlex
 import sys
 import time
 from pathlib import Path
 
-from .files import write_json
-from .validation import BOUNDS
+from .runtime.files import write_json
+from .runtime.validation import BOUNDS
 
 
 class UsageError(Exception):
@@ -70,8 +72,8 @@ def _field_docs(cls) -> dict[str, str]:
 
 
 def _inspect(ns: argparse.Namespace) -> int:
-    from .inspection import InspectArgs, format_report, inspect_model
-    from .loading import load_model
+    from .experiments.inspection import InspectArgs, format_report, inspect_model
+    from .runtime.loading import load_model
 
     args = _args(ns, InspectArgs)
     start = time.monotonic()
@@ -91,11 +93,11 @@ def _inspect(ns: argparse.Namespace) -> int:
 
 
 def _load(model_name: str, adapter: str | None, precision: str = "fp32", device: str = "auto"):
-    from . import distributed as ddist
-    from .adapter import load_adapter
-    from .loading import load_model
-    from .precision import precision as as_precision
-    from .precision import resolve_device
+    from .core.adapter import load_adapter
+    from .runtime import distributed as ddist
+    from .runtime.loading import load_model
+    from .runtime.precision import precision as as_precision
+    from .runtime.precision import resolve_device
 
     p, device = as_precision(precision), resolve_device(device)
     ddist.main_prints(ddist.setup(device))
@@ -108,7 +110,7 @@ def _load(model_name: str, adapter: str | None, precision: str = "fp32", device:
 
 
 def _eval(ns: argparse.Namespace) -> int:
-    from .evaluation import EvalArgs, evaluate, format_results, parse_tasks
+    from .evaluation.runner import EvalArgs, evaluate, format_results, parse_tasks
 
     args = _args(ns, EvalArgs)
     parse_tasks(args.tasks)  # fail on a typo before loading anything
@@ -118,7 +120,7 @@ def _eval(ns: argparse.Namespace) -> int:
     start = time.monotonic()
     model, tokenizer = _load(args.model, args.adapter, args.precision, args.device)
     if args.merge_lora:
-        from .baselines import merged_for_evaluation
+        from .methods.lora import merged_for_evaluation
 
         model = merged_for_evaluation(model)
     results = evaluate(model, tokenizer, args.tasks, protocol=args.protocol, limit=args.limit, data_dir=args.data_dir,
@@ -136,7 +138,7 @@ def _eval(ns: argparse.Namespace) -> int:
 
 
 def _harness(ns: argparse.Namespace) -> int:
-    from .harness import run_harness
+    from .evaluation.harness import run_harness
 
     start = time.monotonic()
     model, tokenizer = _load(ns.model, ns.adapter)
@@ -153,8 +155,8 @@ def _harness(ns: argparse.Namespace) -> int:
 
 
 def _train(ns: argparse.Namespace) -> int:
-    from . import distributed as ddist
-    from .precision import resolve_device
+    from .runtime import distributed as ddist
+    from .runtime.precision import resolve_device
     from .training import TrainArgs, train
 
     args = _args(ns, TrainArgs)
@@ -174,9 +176,9 @@ def _train(ns: argparse.Namespace) -> int:
 
 
 def _pretrain(ns: argparse.Namespace) -> int:
-    from . import distributed as ddist
-    from .precision import resolve_device
-    from .pretraining import PretrainArgs, pretrain
+    from .runtime import distributed as ddist
+    from .runtime.precision import resolve_device
+    from .training import PretrainArgs, pretrain
 
     args = _args(ns, PretrainArgs)
     if args.nproc > 1:
@@ -194,7 +196,7 @@ def _pretrain(ns: argparse.Namespace) -> int:
 
 
 def _scaling(ns: argparse.Namespace) -> int:
-    from .scaling import ScalingArgs, run_scaling
+    from .experiments.scaling import ScalingArgs, run_scaling
 
     args = _args(ns, ScalingArgs)
     results = run_scaling(args)
@@ -205,7 +207,7 @@ def _scaling(ns: argparse.Namespace) -> int:
 
 
 def _paired(ns: argparse.Namespace) -> int:
-    from .compare import _correct, _describe_entry, item_files, paired_between
+    from .experiments.compare import _correct, _describe_entry, item_files, paired_between
 
     a, b = item_files(ns.a), item_files(ns.b)
     found = paired_between(a, b, ns.protocol, seed_paired=ns.seed_paired)
@@ -245,6 +247,42 @@ def _torchrun(nproc: int, argv: list[str]) -> int:
     return subprocess.call(cmd)
 
 
+class _StdoutHandler(logging.StreamHandler):
+    """Library messages to the terminal as plain lines, on whatever sys.stdout is when they are written (under
+    torchrun, every process but rank 0 has it silenced)."""
+
+    def __init__(self):
+        super().__init__()
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    @property
+    def stream(self):
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+def _show_library_messages(ns: argparse.Namespace) -> None:
+    """The library logs (module loggers under 'preproj'); the command line shows them: progress lines at INFO,
+    only warnings with --quiet, everything with --verbose."""
+    root = logging.getLogger("preproj")
+    root.handlers = [h for h in root.handlers if not isinstance(h, _StdoutHandler)] + [_StdoutHandler()]
+    root.setLevel(logging.WARNING if ns.quiet else logging.DEBUG if ns.verbose else logging.INFO)
+    root.propagate = False
+
+
+# How a stopped run continues: train and pretrain with --resume, compare and scaling resume every run by themselves.
+RESUMES_WITH_FLAG = ("train", "pretrain")
+
+
+def resume_command(command: str, argv: list[str]) -> str:
+    """The command line that continues a run stopped by a signal."""
+    flag = ["--resume"] if command in RESUMES_WITH_FLAG and "--resume" not in argv else []
+    return shlex.join(["preproj", *argv, *flag])
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -265,9 +303,9 @@ def _report_summary(report: str) -> str:
 
 
 def _compare(ns: argparse.Namespace) -> int:
-    from . import distributed as ddist
-    from .compare import CompareArgs, run_compare
-    from .precision import resolve_device
+    from .experiments.compare import CompareArgs, run_compare
+    from .runtime import distributed as ddist
+    from .runtime.precision import resolve_device
 
     args = _args(ns, CompareArgs)
     r = ddist.setup(resolve_device(args.device))
@@ -284,42 +322,49 @@ def _compare(ns: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .compare import CompareArgs
-    from .evaluation import EvalArgs
-    from .inspection import InspectArgs
-    from .pretraining import PretrainArgs
-    from .scaling import ScalingArgs
-    from .training import TrainArgs
+    from .evaluation.runner import EvalArgs
+    from .experiments.compare import CompareArgs
+    from .experiments.inspection import InspectArgs
+    from .experiments.scaling import ScalingArgs
+    from .training import PretrainArgs, TrainArgs
 
     parser = _Parser(prog="preproj", description=__doc__)
     parser.add_argument("--version", action="version", version=f"preproj {_version()}")
+    talk = argparse.ArgumentParser(add_help=False)
+    loudness = talk.add_mutually_exclusive_group()
+    loudness.add_argument("--quiet", action="store_true", help="Print warnings, errors and the summary only.")
+    loudness.add_argument("--verbose", action="store_true", help="Print debugging messages too.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("inspect", help="Where the modules sit, parameters added, K/V cache cost, greedy samples.")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:  # every command takes --quiet and --verbose
+        return sub.add_parser(name, help=help, parents=[talk])
+
+    p = command("inspect", help="Where the modules sit, parameters added, K/V cache cost, greedy samples.")
     _add_dataclass_args(p, InspectArgs)
     p.add_argument("--out", default=None, help="Also write the report as JSON to this path.")
     p.set_defaults(run=_inspect)
 
-    p = sub.add_parser("eval", help="LAMBADA, WikiText, HellaSwag, ARC-Easy: harness-exact or paper protocol.")
+    p = command("eval", help="LAMBADA, WikiText, HellaSwag, ARC-Easy: harness-exact or paper protocol.")
     _add_dataclass_args(p, EvalArgs)
     p.set_defaults(run=_eval)
 
-    p = sub.add_parser("train", help="Frozen-probe training of one method (base frozen, only new parameters learn).")
+    p = command("train", help="Frozen-probe training of one method (base frozen, only new parameters learn).")
     _add_dataclass_args(p, TrainArgs)
     p.set_defaults(run=_train)
 
-    p = sub.add_parser("pretrain", help="Train a Llama-architecture model from scratch with the modules built in.")
+    p = command("pretrain", help="Train a Llama-architecture model from scratch with the modules built in.")
     _add_dataclass_args(p, PretrainArgs)
     p.set_defaults(run=_pretrain)
 
-    p = sub.add_parser("scaling", help="From scratch: sizes x variants (matched plain baselines) x seeds; paired report.")
+    p = command("scaling", help="From scratch: sizes x variants (matched plain baselines) x seeds; paired report.")
     _add_dataclass_args(p, ScalingArgs)
     p.set_defaults(run=_scaling)
 
-    p = sub.add_parser("compare", help="Train and evaluate every method under one budget; report, table and plots.")
+    p = command("compare", help="Train and evaluate every method under one budget; report, table and plots.")
     _add_dataclass_args(p, CompareArgs)
     p.set_defaults(run=_compare)
 
-    p = sub.add_parser("paired", help="Compare two sets of per-item results after the fact: paired differences.")
+    p = command("paired", help="Compare two sets of per-item results after the fact: paired differences.")
     p.add_argument("a", help="A: items files of `preproj eval --items`, comma-separated, one per seed; or DIR:METHOD "
                              "(every seed of METHOD in a preproj compare directory).")
     p.add_argument("b", help="B: the same forms; B is compared against A.")
@@ -331,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="Also write the comparisons as JSON to this path.")
     p.set_defaults(run=_paired)
 
-    p = sub.add_parser("harness", help="Run any lm-evaluation-harness task on a (possibly adapted) model (needs lm-eval).")
+    p = command("harness", help="Run any lm-evaluation-harness task on a (possibly adapted) model (needs lm-eval).")
     p.add_argument("--model", default="smollm2-135m", help="Embedded name, hub id or local directory.")
     p.add_argument("--adapter", default=None, help="Directory of a saved adapter to load onto the model.")
     p.add_argument("--tasks", required=True, help="Comma-separated lm-eval task names.")
@@ -347,10 +392,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; bad input and expected failures print one line and return 2, never a traceback."""
-    from .adapter import AdapterError
+    from .core.adapter import AdapterError
     from .data import DataNotFound
-    from .files import RunInUse, WriteFailed
-    from .loading import ModelLoadError
+    from .runtime.files import RunInUse, WriteFailed
+    from .runtime.loading import ModelLoadError
     from .training import CheckpointError, TrainingDiverged, TrainingInterrupted
 
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -360,10 +405,12 @@ def main(argv: list[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return 2
     ns.argv = argv
+    _show_library_messages(ns)
     try:
         return ns.run(ns)
     except TrainingInterrupted as e:
-        print(f"preproj {ns.command}: {e}", file=sys.stderr)
+        how = "the same command and --resume" if ns.command in RESUMES_WITH_FLAG else "the same command"
+        print(f"preproj {ns.command}: {e} Continue with {how}: {resume_command(ns.command, argv)}", file=sys.stderr)
         return 128 + e.signal
     except (ModelLoadError, AdapterError, DataNotFound, TrainingDiverged, CheckpointError, RunInUse, WriteFailed,
             ValueError) as e:

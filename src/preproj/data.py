@@ -60,7 +60,7 @@ def _local(name: str, data_dir: Path | None) -> Path | None:
 
 
 def _hub(name: str, data_dir: Path | None):
-    from . import hub
+    from .runtime import hub
 
     source = HUB_SOURCES.get(name)
     where = f"no file {data_dir / LOCAL_FILES[name]}" if data_dir else f"no --data-dir given and ${DATA_ENV} is not set"

@@ -22,7 +22,7 @@ if Version(version("peft")) < Version(MIN_PEFT):
 
 from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING, PEFT_TYPE_TO_PREFIX_MAPPING, PEFT_TYPE_TO_TUNER_MAPPING  # noqa: E402
 
-from ..adapter import PEFT_TYPE  # noqa: E402
+from ..core.adapter import PEFT_TYPE  # noqa: E402
 from .config import PreProjPeftConfig  # noqa: E402
 from .layer import PreProjLayer, PreProjNormLayer  # noqa: E402
 from .model import PREFIX, PreProjModel  # noqa: E402

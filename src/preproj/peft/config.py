@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from peft import PeftConfig
 
-from ..adapter import PEFT_TYPE, config_from_metadata
-from ..config import PreProjConfig
+from ..core.adapter import PEFT_TYPE, config_from_metadata
+from ..core.config import PreProjConfig
 
 
 @dataclass

@@ -6,8 +6,8 @@ from __future__ import annotations
 from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 
-from ..config import PreProjConfig
-from ..modules import PreProjAdapter, SkipAfterNorm, SkipRouting
+from ..core.config import PreProjConfig
+from ..core.modules import PreProjAdapter, SkipAfterNorm, SkipRouting
 
 NOT_MERGEABLE = (
     "preproj adapters cannot be merged into the base weights: the pre-projection is nonlinear (act(W_up x̂) feeds "

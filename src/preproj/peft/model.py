@@ -12,8 +12,8 @@ import re
 from peft.tuners.tuners_utils import BaseTuner
 from torch import nn
 
-from ..adapter import AdapterError, adapter_metadata, check_compatible
-from ..families import check_structure, decoder_layers, family_of, hidden_size
+from ..core.adapter import AdapterError, adapter_metadata, check_compatible
+from ..core.families import check_structure, decoder_layers, family_of, hidden_size
 from .config import PreProjPeftConfig
 from .layer import NOT_MERGEABLE, PreProjLayer, PreProjNormLayer, PreProjTunerLayer
 

@@ -1,0 +1,139 @@
+"""`preproj eval`: the tasks under one protocol, their metrics as JSON, one record per item for paired comparisons."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+from .. import data
+from ..runtime import distributed as ddist
+from ..runtime.files import write_json, write_jsonl
+from ..runtime.loading import model_max_length
+from ..runtime.precision import check_weights_dtype
+from ..runtime.validation import check_value, check_within_context
+from .engine import LogLikelihood
+from .tasks import PAPER_LIMIT, PROTOCOLS, TASK_TABLE, default_tasks, run_task
+
+
+@dataclass
+class EvalArgs:
+    """Arguments of `preproj eval`."""
+
+    model: str = "smollm2-135m"
+    """Embedded name, Hugging Face hub id or local directory."""
+    adapter: str | None = None
+    """Directory of a saved adapter to load onto the model (None: the base model)."""
+    tasks: str = ",".join(default_tasks())
+    """Comma-separated tasks of the task table (evaluation/tasks/): lambada, hellaswag, arc_easy, wikitext by default;
+    wikitext_file (WikiText-2 test in the training text's format) and hellaswag_full (llama.cpp's 10,042 items)."""
+    protocol: str = "harness"
+    """'harness' (lm-evaluation-harness 0.4.x definitions) or 'paper' (PAPER.md §2)."""
+    limit: int | None = None
+    """Take the first N items of each task (the paper protocol defaults to 500)."""
+    data_dir: str | None = None
+    """Directory laid out as ../shared/data; default $PREPROJ_DATA_DIR, else the Hugging Face Hub."""
+    max_length: int | None = None
+    """Longest window scored at once (harness: the model's context length; rolling WikiText windows use it)."""
+    batch_tokens: int = 1024
+    """Token budget of one forward batch (padded length x rows); small batches stay in cache on CPUs."""
+    merge_lora: bool = True
+    """Merge a LoRA adapter into the base weights before scoring (the same model up to rounding, at the base's cost;
+    an unmerged rank-r LoRA adds two matmuls per projection). preproj's own modules never merge."""
+    precision: str = "fp32"
+    """fp32, bf16-mixed (bf16 autocast; faster on CPUs with avx512_bf16 and on GPUs, not bit-comparable with the
+    harness), bf16-true (bf16 weights) or bf16-frozen (bf16 base, fp32 adapter)."""
+    device: str = "auto"
+    """auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps. Under torchrun the items are split across
+    processes and gathered: the JSON is the one a single process writes."""
+    out: str | None = None
+    """Write the results as JSON to this path."""
+    items: bool = False
+    """Also write one record per item (log-likelihoods, correctness, token and byte counts) to OUT's name with
+    .items.jsonl, so that any two runs on the same items can be compared pairwise later."""
+
+
+def read_items(path: str | Path) -> dict[str, list[dict]]:
+    """{task: [record, ...]} from a file that `evaluate(..., items_out=...)` wrote."""
+    by_task: dict[str, list[dict]] = {}
+    for line in Path(path).read_text().splitlines():
+        record = json.loads(line)
+        by_task.setdefault(record.pop("task"), []).append(record)
+    return by_task
+
+
+def parse_tasks(tasks: str | list[str]) -> list[str]:
+    names = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) if t.strip()]
+    unknown = [t for t in names if t not in TASK_TABLE]
+    if unknown or not names:
+        raise ValueError(f"Unknown task(s) {unknown}; choose from {', '.join(TASK_TABLE)}.")
+    return names
+
+
+def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] | None = None, *, protocol: str = "harness",
+             limit: int | None = None, data_dir: str | Path | None = None, max_length: int | None = None,
+             batch_tokens: int = 1024, precision: str = "fp32", progress: bool = True,
+             model_name: str | None = None, adapter: str | None = None, out: str | Path | None = None,
+             items_out: str | Path | None = None) -> dict:
+    """Evaluate `model` (adapted or not) and return the results dict that `preproj eval` writes.
+
+    With `out`, the JSON is rewritten (atomically) after every task, so a long run that is stopped
+    keeps what it finished. With `items_out`, a JSON Lines file gets one record per item of every task
+    (its log-likelihoods, correctness, token and byte counts), for paired comparisons later."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}.")
+    names = parse_tasks(default_tasks() if tasks is None else tasks)
+    for name, value in (("limit", limit), ("max_length", max_length), ("batch_tokens", batch_tokens)):
+        check_value(name, value)
+    check_within_context("max_length", max_length, model_max_length(model, tokenizer))
+    check_weights_dtype(model, precision)
+    data_dir = data.resolve_data_dir(data_dir)
+    score = LogLikelihood(model, tokenizer, max_length=max_length, batch_tokens=batch_tokens, precision=precision,
+                          progress=progress)
+    report = {
+        "model": model_name or getattr(model.config, "_name_or_path", None),
+        "adapter": adapter,
+        "protocol": protocol,
+        "tasks": {},
+        "limit": limit if protocol == "harness" or limit is not None else PAPER_LIMIT,
+        "max_length": score.max_length,
+        "precision": precision,
+        "seconds": {},
+        "notes": [],
+    }
+    was_training = model.training
+    model.eval()
+    records = []
+    if items_out:
+        report["items_file"] = str(items_out)
+    try:
+        for task in names:
+            start = time.monotonic()
+            items = []
+            report["tasks"][task] = run_task(score, task, protocol, limit, data_dir, items, report["notes"])
+            records += [{"task": task, **item} for item in items]
+            report["seconds"][task] = round(time.monotonic() - start, 2)
+            if ddist.ranks().is_main:
+                if items_out:
+                    write_jsonl(items_out, records)
+                if out:
+                    write_json(out, report)
+    finally:
+        model.train(was_training)
+    return report
+
+
+def format_results(r: dict) -> str:
+    lines = [f"{r['model']}" + (f" + adapter {r['adapter']}" if r["adapter"] else "") + f"  (protocol {r['protocol']})",
+             f"{'task':<15} {'metric':<17} {'value':>10} {'± stderr':>10} {'n':>6}"]
+    for task, m in r["tasks"].items():
+        for key, value in m.items():
+            if key in ("n", "tokens", "skipped_over_512_tokens") or key.endswith("_stderr"):
+                continue
+            se = m.get(key + "_stderr")
+            lines.append(f"{task:<15} {key:<17} {value:>10.4f} {('' if se is None else f'{se:.4f}'):>10} {m['n']:>6}")
+    lines += [f"note: {n}" for n in r["notes"]]
+    return "\n".join(lines)

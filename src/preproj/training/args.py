@@ -1,0 +1,122 @@
+"""The arguments of `preproj train`, and what a resumed run may and may not change."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..methods.registry import trained_methods
+from ..runtime.precision import precision as as_precision
+from ..runtime.tracking import parse_report_to
+from ..runtime.validation import check_args
+from .strategy import STRATEGIES
+
+
+@dataclass
+class TrainArgs:
+    """Arguments of `preproj train`."""
+
+    model: str = "smollm2-135m"
+    """Embedded name, Hugging Face hub id or local directory."""
+    method: str = "preproj+skip"
+    """preproj, skip, preproj+skip (ours); lora, preproj+lora (baselines through PEFT)."""
+    out: str = "runs/preproj+skip"
+    """Output directory: adapter, config, train_log.jsonl, summary.json, checkpoint/."""
+    data: str = "wikitext2"
+    """wikitext2 (offline: raw valid, test held out), wikitext2-train (the tokenized train split, raw valid held out),
+    wikitext103 (Hub), tinystories, or a text file."""
+    data_dir: str | None = None
+    """Directory laid out as ../shared/data; default $PREPROJ_DATA_DIR."""
+    lines: int | None = None
+    """Use only the first N training lines longer than 50 characters (the paper: 2000)."""
+    packing: str = "pack"
+    """'pack' (token stream cut into seq_len windows) or 'lines' (one padded line per example, the paper's)."""
+    steps: int = 100
+    """Optimizer steps."""
+    batch_size: int = 4
+    """Sequences per micro-batch."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step."""
+    seq_len: int = 256
+    """Tokens per sequence."""
+    lr: float = 1e-3
+    """Peak learning rate (the paper: 1e-5 in pure bf16)."""
+    warmup: int = 10
+    """Linear warmup steps before the cosine decay."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this (0 = no clipping)."""
+    seed: int = 42
+    """Seed of the adapter's initialisation and of the data order."""
+    precision: str = "auto"
+    """auto (bf16-mixed where bf16 matmuls are native, else fp32), fp32, bf16-mixed (bf16 autocast, fp32 weights and
+    masters), bf16-true (pure bf16 as in the paper, with an
+    audit of updates that rounding erased) or bf16-frozen (bf16 base, fp32 adapter masters, bf16 autocast)."""
+    device: str = "auto"
+    """auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps. Under torchrun, each process's own GPU."""
+    strategy: str = "ddp"
+    """With several processes (torchrun): ddp (frozen base replicated, adapter gradients all-reduced) or fsdp
+    (FSDP2: base and adapter sharded, sharded checkpoints)."""
+    nproc: int = 1
+    """Launch this many processes on this machine with torchrun (1: train in this process)."""
+    report_to: str = "none"
+    """Experiment trackers, comma-separated: none, tensorboard (OUT/tensorboard), wandb, trackio. They get loss,
+    held-out loss, learning rate, tokens/s and skip norms by layer at every step; train_log.jsonl is always written."""
+    activation_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, ~30% more compute)."""
+    attn_implementation: str | None = None
+    """'sdpa' or 'eager' attention while training; default: the model's own (sdpa). Under bf16 autocast eager
+    rounds attention scores to bf16, and its memory grows with the square of the sequence length;
+    benchmarks/run.py times both on your machine."""
+    lora_rank: str | None = None
+    """LoRA rank: a number, 'paper' (the author's formula, floor(1.25 d) / 2: 480 for Pythia-160M) or unset (method
+    lora: matched to preproj+skip's trainable count within 1%; preproj+lora: 64)."""
+    eval_every: int = 25
+    """Held-out loss every N steps (and at the end)."""
+    eval_batches: int = 4
+    """Global micro-batches (batch_size x processes sequences each) of held-out text per held-out loss."""
+    save_every: int = 25
+    """Checkpoint every N steps (atomic; the last good one is kept)."""
+    resume: bool = False
+    """Continue from OUT/checkpoint if present."""
+    train_base: bool = False
+    """Train every weight, the base's too (what `preproj pretrain` sets); the result is then a model directory
+    with the method's files in OUT/adapter."""
+
+
+# Arguments a resumed run may change: where things are (a run directory may move) and what is logged, never what is
+# computed.
+RESUME_MAY_CHANGE = ("out", "resume", "report_to", "eval_every", "save_every", "data_dir", "device", "nproc")
+
+
+def check_same_run(recorded_path: Path, args) -> None:
+    """Refuse to resume a run with arguments that differ from those it was started with (train_config.json), naming
+    every changed field; RESUME_MAY_CHANGE lists the ones that cannot change the result."""
+    if not recorded_path.is_file():
+        return
+    recorded = json.loads(recorded_path.read_text())
+    changed = [f"{k} {recorded[k]!r} -> {v!r}" for k, v in asdict(args).items()
+               if k not in RESUME_MAY_CHANGE and k in recorded and recorded[k] != v]
+    if changed:
+        raise ValueError(f"{recorded_path.parent} was started with other arguments ({'; '.join(changed)}); resume it with "
+                         "the recorded ones (train_config.json), or start afresh with another --out.")
+
+
+def check_train_args(args: TrainArgs) -> None:
+    """Every argument checked before anything loads, each failure one line that names the argument."""
+    check_args(args)
+    as_precision(args.precision)
+    if args.method not in trained_methods() and not (args.train_base and args.method == "base"):
+        raise ValueError(f"method must be one of {', '.join(trained_methods())}, got {args.method!r}.")
+    if args.attn_implementation not in (None, "sdpa", "eager"):
+        raise ValueError(f"attn_implementation must be 'sdpa' or 'eager', got {args.attn_implementation!r}.")
+    if args.strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {args.strategy!r}.")
+    parse_report_to(args.report_to)
+    rank = "" if args.lora_rank is None else str(args.lora_rank)
+    if args.lora_rank is not None and rank != "paper" and not (rank.isdigit() and int(rank) >= 1):
+        raise ValueError(f"--lora-rank must be a positive integer or 'paper', got {args.lora_rank!r}.")
+    if args.packing not in ("pack", "lines"):
+        raise ValueError(f"packing must be 'pack' or 'lines', got {args.packing!r}.")

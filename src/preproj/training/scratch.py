@@ -1,0 +1,335 @@
+"""`preproj pretrain`: a Llama-architecture model trained from random initialisation, with pre-projection
+and content skip built in from the start and trained together with every other weight.
+
+Setup builds the shape (and, for a plain baseline, the width that matches an adapted model's parameters
+or training FLOPs), the tokenizer and the model; fit is `preproj train`'s loop with the base unfrozen
+(its precision, devices, processes, checkpoints and resume); validate scores the whole held-out text and
+writes greedy samples. The result is an ordinary model directory: `load_model(OUT)`, then
+`load_adapter(model, OUT/adapter)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..core.config import PreProjConfig
+from ..data import resolve_data_dir, tokenize_examples, training_corpus, wikitext_lines
+from ..runtime import distributed as ddist
+from ..runtime.files import write_json
+from ..runtime.loading import load_tokenizer
+from ..runtime.precision import compute_context, resolve_device
+from ..runtime.precision import precision as as_precision
+from ..runtime.validation import check_args
+from .args import TrainArgs
+from .loop import train
+from .strategy import unsharded
+
+logger = logging.getLogger(__name__)
+
+MODES = ("base", "preproj", "skip", "preproj+skip")
+EOS = "<|endoftext|>"
+SAMPLE_PROMPTS = ("The", "In 1990 ,", "He said that")
+
+
+@dataclass
+class PretrainArgs:
+    """Arguments of `preproj pretrain`."""
+
+    out: str = "runs/pretrain"
+    """Output directory: the model (config, safetensors, tokenizer), adapter/, train_log.jsonl, summary.json."""
+    layers: int = 4
+    """Decoder layers."""
+    d_model: int = 128
+    """Hidden width d."""
+    heads: int = 4
+    """Attention heads (d_model must be a multiple)."""
+    kv_heads: int | None = None
+    """Key/value heads for grouped-query attention (default: heads)."""
+    intermediate_size: int | None = None
+    """SwiGLU MLP width (default: 8/3 d rounded up to a multiple of 16)."""
+    method: str = "preproj+skip"
+    """base (the plain transformer), preproj, skip or preproj+skip, built in and trained from the start."""
+    match: str | None = None
+    """With --method base: params or flops. Widen the plain model's MLP so that its parameters (or training FLOPs
+    per token) equal those of the --match-to model of this shape within 2%."""
+    match_to: str = "preproj+skip"
+    """The adapted model that --match measures."""
+    data: str = "wikitext2-train"
+    """wikitext2-train (the tokenized train split; raw valid for held-out loss, raw test scored at the end),
+    wikitext2, tinystories, or a text file."""
+    data_dir: str | None = None
+    """Directory laid out as ../shared/data; default $PREPROJ_DATA_DIR."""
+    tokenizer: str = "train:8192"
+    """train:N (a byte-level BPE of N tokens trained on the training text: a 49k-token embedding would dominate a
+    tiny model), or an embedded name, hub id or directory whose tokenizer to use (e.g. smollm2-135m)."""
+    tokens: int = 2_000_000
+    """Training tokens; steps = tokens / (batch_size x seq_len x grad_accum x processes)."""
+    seq_len: int = 256
+    """Tokens per sequence (also the model's context)."""
+    batch_size: int = 8
+    """Sequences per micro-batch."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step."""
+    lr: float = 3e-3
+    """Peak learning rate."""
+    warmup: int = 20
+    """Linear warmup steps before the cosine decay."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    seed: int = 0
+    """Seed of the initialisation (base and modules) and of the data order."""
+    precision: str = "auto"
+    """auto, fp32, bf16-mixed, bf16-true or bf16-frozen, as for `preproj train`."""
+    device: str = "auto"
+    """auto, cpu, cuda, cuda:N or mps."""
+    strategy: str = "ddp"
+    """With several processes: ddp or fsdp."""
+    nproc: int = 1
+    """Launch this many processes with torchrun (1: this process)."""
+    report_to: str = "none"
+    """Experiment trackers: none, tensorboard, wandb, trackio (comma-separated)."""
+    eval_every: int = 50
+    """Held-out loss every N steps (and at the end)."""
+    eval_batches: int = 8
+    """Held-out micro-batches per held-out loss during training."""
+    save_every: int = 50
+    """Checkpoint every N steps."""
+    sample_tokens: int = 24
+    """Greedy tokens generated after each prompt at the end."""
+    resume: bool = False
+    """Continue from OUT/checkpoint if present."""
+
+
+# --- shapes, parameters and FLOPs ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Shape:
+    layers: int
+    d_model: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.heads
+
+    def llama_config(self, context: int, tokenizer):
+        from transformers import LlamaConfig
+
+        eos = tokenizer.eos_token_id
+        return LlamaConfig(vocab_size=self.vocab, hidden_size=self.d_model, intermediate_size=self.intermediate,
+                           num_hidden_layers=self.layers, num_attention_heads=self.heads,
+                           num_key_value_heads=self.kv_heads, head_dim=self.head_dim, max_position_embeddings=context,
+                           tie_word_embeddings=True, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
+
+
+def default_intermediate(d: int) -> int:
+    return 16 * math.ceil(8 * d / 3 / 16)
+
+
+def _adapter_matmul_params(shape: Shape, mode: str) -> int:
+    return 0 if mode == "base" else PreProjConfig(mode=mode).params_per_layer(shape.d_model)
+
+
+def _layer_matmul_params(shape: Shape, mode: str) -> int:
+    d, hd = shape.d_model, shape.head_dim
+    attention = d * shape.heads * hd * 2 + d * shape.kv_heads * hd * 2  # q, o; k, v
+    return attention + 3 * d * shape.intermediate + _adapter_matmul_params(shape, mode)
+
+
+def count_params(shape: Shape, mode: str) -> int:
+    """Every parameter: tied embedding, per layer two RMSNorms and the matmuls, the final norm."""
+    return shape.vocab * shape.d_model + shape.layers * (2 * shape.d_model + _layer_matmul_params(shape, mode)) \
+        + shape.d_model
+
+
+def train_flops_per_token(shape: Shape, mode: str, seq_len: int) -> int:
+    """Matmul FLOPs of a forward and backward pass, per token, every weight trained: 3x the forward, which is
+    2 per weight of every layer and the head, plus attention's two (T x T) products (4 T H hd per token per
+    layer, counted in full as an eager kernel computes them). Elementwise work is not counted, as torch's
+    FlopCounterMode does not count it."""
+    per_token_weights = shape.layers * _layer_matmul_params(shape, mode) + shape.vocab * shape.d_model
+    attention_scores = shape.layers * 4 * seq_len * shape.heads * shape.head_dim
+    return 3 * (2 * per_token_weights + attention_scores)
+
+
+def matched_plain(shape: Shape, match: str, to: str, seq_len: int) -> Shape:
+    """The plain model of this shape with the MLP width whose parameters (match='params') or training FLOPs
+    per token ('flops') come closest to those of the `to` model of this shape. Both counts are affine in the
+    MLP width, so the width is solved, not searched."""
+    measure = {"params": lambda s, m: count_params(s, m), "flops": lambda s, m: train_flops_per_token(s, m, seq_len)}
+    if match not in measure:
+        raise ValueError(f"--match must be params or flops, got {match!r}.")
+    f = measure[match]
+    goal = f(shape, to)
+    at0, at1 = f(replace(shape, intermediate=0), "base"), f(replace(shape, intermediate=1), "base")
+    return replace(shape, intermediate=max(1, round((goal - at0) / (at1 - at0))))
+
+
+# --- tokenizer and model -------------------------------------------------------------------------
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    """A byte-level BPE of `vocab_size` tokens trained on `texts`, as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS], show_progress=False,
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=EOS)
+
+
+def make_tokenizer(spec: str, texts: list[str]):
+    if spec.startswith("train:"):
+        size = spec.removeprefix("train:")
+        if not size.isdigit() or int(size) < 300:
+            raise ValueError(f"--tokenizer train:N needs N >= 300 (256 bytes, the end token, some merges), got {spec!r}.")
+        return train_tokenizer(texts, int(size))
+    return load_tokenizer(spec)
+
+
+def build_model(shape: Shape, context: int, tokenizer, seed: int, precision: str = "fp32"):
+    """A freshly initialised Llama (RMSNorm, RoPE, SwiGLU); the training loop attaches the method to it."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(shape.llama_config(context, tokenizer),
+                                            dtype=as_precision(precision).weights, attn_implementation="sdpa")
+
+
+def _check(args: PretrainArgs) -> None:
+    check_args(args)
+    as_precision(args.precision)
+    if args.method not in MODES:
+        raise ValueError(f"--method must be one of {', '.join(MODES)}, got {args.method!r}.")
+    if args.match is not None and args.method != "base":
+        raise ValueError("--match builds a plain baseline; use it with --method base.")
+    if args.match_to not in MODES[1:]:
+        raise ValueError(f"--match-to must be one of {', '.join(MODES[1:])}, got {args.match_to!r}.")
+    if args.d_model % args.heads:
+        raise ValueError(f"--d-model {args.d_model} is not a multiple of --heads {args.heads}.")
+    kv = args.kv_heads or args.heads
+    if args.heads % kv:
+        raise ValueError(f"--kv-heads {kv} must divide --heads {args.heads}.")
+
+
+def shared_fields(source, cls) -> dict:
+    """The fields of arguments dataclass `cls` that `source` has too, with their values in `source`."""
+    return {f.name: getattr(source, f.name) for f in fields(cls) if hasattr(source, f.name)}
+
+
+def shape_of(args: PretrainArgs, vocab: int) -> Shape:
+    shape = Shape(args.layers, args.d_model, args.heads, args.kv_heads or args.heads,
+                  args.intermediate_size or default_intermediate(args.d_model), vocab)
+    return matched_plain(shape, args.match, args.match_to, args.seq_len) if args.match else shape
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+def pretrain(args: PretrainArgs, progress: bool = True) -> tuple[dict, nn.Module]:
+    """Setup, fit, validate; returns (summary.json's contents, the trained model)."""
+    from transformers import AutoTokenizer
+
+
+    _check(args)
+    device = resolve_device(args.device)
+    args = replace(args, precision=as_precision(args.precision, device).name)
+    r = ddist.setup(device)
+    out = Path(args.out)
+    data_dir = resolve_data_dir(args.data_dir)
+    texts, held, data_desc = training_corpus(args.data, data_dir)
+
+    # --- setup: tokenizer (kept in OUT, so a resumed run tokenises alike), shape, model ---
+    if args.resume and (out / "tokenizer.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(out)
+    else:
+        tokenizer = make_tokenizer(args.tokenizer, texts) if r.is_main else None
+        if r.is_main:
+            tokenizer.save_pretrained(out)
+        ddist.barrier()
+        tokenizer = AutoTokenizer.from_pretrained(out)
+    shape = shape_of(args, len(tokenizer))
+    counts = {"params": count_params(shape, args.method),
+              "train_flops_per_token": train_flops_per_token(shape, args.method, args.seq_len)}
+    if args.match:
+        target = Shape(shape.layers, shape.d_model, shape.heads, shape.kv_heads,
+                       args.intermediate_size or default_intermediate(args.d_model), shape.vocab)
+        counts["matched_to"] = {"method": args.match_to, "params": count_params(target, args.match_to),
+                                "train_flops_per_token": train_flops_per_token(target, args.match_to, args.seq_len)}
+    if r.is_main:
+        logger.info(f"{args.method}: {shape}, {counts['params']:,} parameters, "
+                    f"{counts['train_flops_per_token']:,} training FLOPs per token"
+                    + (f"; {args.match_to} of the unwidened shape: {counts['matched_to']['params']:,} parameters, "
+                       f"{counts['matched_to']['train_flops_per_token']:,} FLOPs per token" if args.match else ""))
+    model = build_model(shape, args.seq_len, tokenizer, args.seed, args.precision)
+
+    # --- fit: preproj train's loop, which attaches the method; every weight trains ---
+    per_step = args.batch_size * args.seq_len * args.grad_accum * r.world_size
+    steps = max(1, args.tokens // per_step)
+    targs = TrainArgs(**{**shared_fields(args, TrainArgs), "model": str(out), "steps": steps,
+                          "warmup": min(args.warmup, steps - 1), "train_base": True})
+    summary, model = train(targs, model=model, tokenizer=tokenizer, progress=progress)
+
+    # --- validate: the whole held-out (and, for WikiText, test) text, greedy samples ---
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    with unsharded(model):
+        scores = {"validation": lm_loss(base, tokenizer, held, args.seq_len, args.batch_size, args.precision, device)}
+        if args.data.startswith("wikitext2"):
+            test = [line for line in wikitext_lines("test", data_dir) if len(line.strip()) > 50]
+            scores["test"] = lm_loss(base, tokenizer, test, args.seq_len, args.batch_size, args.precision, device)
+        samples = greedy_samples(base, tokenizer, args.sample_tokens) if r.is_main else {}
+    summary.update({
+        "pretrain": asdict(args), "shape": asdict(shape), **counts, "data": data_desc,
+        "loss": {k: v["loss"] for k, v in scores.items()},
+        "perplexity": {k: math.exp(v["loss"]) for k, v in scores.items()},
+        "scored_tokens": {k: v["tokens"] for k, v in scores.items()},
+        "samples": samples,
+    })
+    if r.is_main:
+        write_json(out / "summary.json", summary)
+    ddist.barrier()
+    return summary, model
+
+
+@torch.no_grad()
+def lm_loss(model: nn.Module, tokenizer, lines: list[str], seq_len: int, batch_size: int, precision: str,
+            device: torch.device) -> dict:
+    """Mean loss per predicted token over every full window of the text (packed as in training)."""
+    ids, _ = tokenize_examples(lines, tokenizer, seq_len)
+    was = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(ids), batch_size):
+        x = ids[i : i + batch_size].to(device)
+        with compute_context(precision, device):
+            loss = model(input_ids=x, labels=x).loss
+        n = x.shape[0] * (seq_len - 1)
+        total, count = total + float(loss) * n, count + n
+    model.train(was)
+    return {"loss": total / count, "tokens": count}
+
+
+@torch.no_grad()
+def greedy_samples(model: nn.Module, tokenizer, new_tokens: int) -> dict[str, str]:
+    was = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    samples = {}
+    for prompt in SAMPLE_PROMPTS:
+        ids = torch.tensor([tokenizer.encode(prompt)], device=device)
+        room = model.config.max_position_embeddings - ids.shape[1]  # positions beyond the context were never trained
+        out = model.generate(ids, max_new_tokens=max(0, min(new_tokens, room)), do_sample=False,
+                             pad_token_id=tokenizer.eos_token_id)
+        samples[prompt] = tokenizer.decode(out[0, ids.shape[1]:])
+    model.train(was)
+    return samples
