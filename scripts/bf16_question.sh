@@ -4,12 +4,12 @@
 # paper's own perplexity (`--protocol paper`: the author's rows of raw WikiText-2 valid, in the format of the
 # tokenized training text), paired over rows and seeds. Not the harness's detokenized test text: there the
 # study found that what this training learns is mostly the training text's format, which that text hides
-# (docs/wikitext-shift). Nothing is selected on the valid rows; the rate is the paper's. Resumable: finished
+# (results/wikitext-shift). Nothing is selected on the valid rows; the rate is the paper's. Resumable: finished
 # steps are skipped and --resume continues an interrupted run from its checkpoint (or starts it afresh).
 #   PREPROJ_DATA_DIR=../shared/data bash scripts/bf16_question.sh [OUT]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT="${1:-docs/bf16-question}"
+OUT="${1:-results/bf16-question}"
 STEPS="${STEPS:-64}"
 P=.venv/bin/preproj
 for seed in 42 43 44; do

@@ -1,11 +1,11 @@
 """The coverage map of preproj's paired intervals: how often each rule's 95% interval covers the true difference.
 
-Simulated comparisons over a grid that brackets the CPU study's own regimes (docs/study-cpu: 62 to 5,153 items,
+Simulated comparisons over a grid that brackets the CPU study's own regimes (results/study-cpu: 62 to 5,153 items,
 3 seeds against 3 or against the base's 1, seed spreads from none to several item standard errors and unequal
 between the two arms, seed-by-item interaction from none to large, binary and ratio-of-sums metrics). Nothing
-here reads the study's results; the grid's scales were read off its variance components once (docs/coverage.md).
+here reads the study's results; the grid's scales were read off its variance components once (results/coverage.md).
 
-    .venv/bin/python scripts/coverage.py --sims 2000            # writes docs/coverage.{md,json}
+    .venv/bin/python scripts/coverage.py --sims 2000            # writes results/coverage.{md,json}
 
 Each rule (preproj.analysis.stats.RULES) is applied exactly as `compare` applies it, seed-paired where both arms share
 seeds and item-and-seed otherwise. The chosen rule is the narrowest that covers >= 94.5% in every cell where any
@@ -196,7 +196,7 @@ def _name(c: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sims", type=int, default=2000, help="simulations per cell (>= 1000 for the documented map)")
-    ap.add_argument("--out", default="docs/coverage", help="writes OUT.md and OUT.json")
+    ap.add_argument("--out", default="results/coverage", help="writes OUT.md and OUT.json")
     ap.add_argument("--recheck", type=int, default=4000,
                     help="simulations added to a cell where a rule near the floor everywhere falls below it (0: none)")
     ap.add_argument("--from-json", action="store_true", help="start from OUT.json's cells instead of simulating them")

@@ -3,9 +3,9 @@
 An independent check of `preproj/stats.py` and the corrections in `preproj/compare.py`: this file imports only
 numpy and scipy, reads the run directories' items.TASK.jsonl and the report's results.json, and recomputes every
 paired entry (the effect, its 95% interval, its p-value, the family-adjusted p-values and the verdict) from the
-method written in docs/coverage.md. It prints each disagreement and exits 1 if there is any.
+method written in results/coverage.md. It prints each disagreement and exits 1 if there is any.
 
-    .venv/bin/python scripts/recompute.py docs/study-cpu
+    .venv/bin/python scripts/recompute.py results/study-cpu
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def recomputed(out: Path, report: dict, rule: str) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    out = Path(argv[0] if argv else "docs/study-cpu")
+    out = Path(argv[0] if argv else "results/study-cpu")
     report = json.loads((out / "results.json").read_text())
     rule = report["rule"]
     own, twin = recomputed(out, report, rule), recomputed(out, report, twin_of(rule))

@@ -6,8 +6,8 @@ entries concentrates whatever the matrices are. This reads W_skip from trained a
 layer, each seed's norm and the cosine similarity of every pair of seeds: 1 is the same direction, and two
 unrelated d x d matrices give a cosine within about ±1/d (the chance level, printed with the results).
 
-  .venv/bin/python scripts/skip_agreement.py docs/study-cpu/preproj+skip-seed42 \
-      docs/study-cpu/preproj+skip-seed43 --out docs/skip-agreement/preproj+skip
+  .venv/bin/python scripts/skip_agreement.py results/study-cpu/preproj+skip-seed42 \
+      results/study-cpu/preproj+skip-seed43 --out results/skip-agreement/preproj+skip
 """
 
 from __future__ import annotations

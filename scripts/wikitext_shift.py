@@ -9,9 +9,9 @@ documents in all four combinations, paired over documents (and seeds):
 Each (model, text, window) is written to OUT as soon as it is scored, so the script resumes where it stopped.
 With --study, the reported combination (harness text, 2048) is taken from that comparison's per-item records.
 
-  PREPROJ_DATA_DIR=../shared/data .venv/bin/python scripts/wikitext_shift.py --study docs/study-cpu \
-      --adapters docs/study-cpu/preproj+skip-seed42,docs/study-cpu/preproj+skip-seed43 --docs 8 \
-      --out docs/wikitext-shift
+  PREPROJ_DATA_DIR=../shared/data .venv/bin/python scripts/wikitext_shift.py --study results/study-cpu \
+      --adapters results/study-cpu/preproj+skip-seed42,results/study-cpu/preproj+skip-seed43 --docs 8 \
+      --out results/wikitext-shift
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("--adapters", required=True, help="Comma-separated adapter directories (the seeds of one method).")
     ap.add_argument("--docs", type=int, default=8, help="Score the first N of the 62 WikiText-2 test documents.")
     ap.add_argument("--study", help="A compare directory whose runs' items.wikitext.jsonl give (harness, 2048).")
-    ap.add_argument("--out", default="docs/wikitext-shift")
+    ap.add_argument("--out", default="results/wikitext-shift")
     args = ap.parse_args()
     out = Path(args.out)
     pages = [d["page"] for d in data.wikitext_documents(data.resolve_data_dir())][: args.docs]

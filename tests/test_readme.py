@@ -61,4 +61,4 @@ def test_the_study_tables_in_readme_are_the_ones_its_results_json_gives():
     text = README.read_text()
     shown = text.split("<!-- study-tables:start -->\n", 1)[1].split("<!-- study-tables:end -->", 1)[0].strip()
     assert shown == module.tables(README.parent / "docs" / "study-cpu").strip(), \
-        "README's study tables differ from docs/study-cpu/results.json: run scripts/study_tables.py and paste its output"
+        "README's study tables differ from results/study-cpu/results.json: run scripts/study_tables.py and paste its output"

@@ -118,7 +118,7 @@ def test_recompute_agrees_with_compare_from_the_item_files_alone_and_catches_a_c
 
 
 def test_coverage_map_subset_welch_undercovers_where_one_arms_seeds_dominate_and_the_chosen_rule_does_not():
-    """A fast cell of docs/coverage.md's map (fixed seeds, so the same numbers every run): 3 v 3 seeds, one arm's
+    """A fast cell of results/coverage.md's map (fixed seeds, so the same numbers every run): 3 v 3 seeds, one arm's
     seeds varying far more than the other's, the study's situation against LoRA."""
     from preproj.analysis.stats import RULE
 

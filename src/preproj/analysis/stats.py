@@ -35,7 +35,7 @@ class Statistic:
     """A metric computed from per-item values, with its influence values: u such that the metric of resampled items
     moves, to first order, by the mean of their u. var(u) / items is then the variance an infinite paired bootstrap
     over items would give, in closed form (the delta method), which makes intervals exact to compute and fast
-    enough to map their coverage by simulation (docs/coverage.md)."""
+    enough to map their coverage by simulation (results/coverage.md)."""
 
     def __init__(self, name: str, value: Callable[[np.ndarray], np.ndarray], influence: Callable[[np.ndarray], np.ndarray]):
         self.name, self.value, self.influence = name, value, influence
@@ -152,7 +152,7 @@ def _seed_variance(per_seed: np.ndarray, boot: np.ndarray) -> float:
     return max(0.0, float(per_seed.var(ddof=1) - interaction))
 
 
-# How the seeds' variance enters the interval. docs/coverage.md maps each rule's coverage by simulation (scripts/
+# How the seeds' variance enters the interval. results/coverage.md maps each rule's coverage by simulation (scripts/
 # coverage.py); RULE is the one chosen there, and a call that the defensible rules disagree on is fragile.
 #   subtract: an arm's seed variance is its between-seed variance less the seed-by-item interaction that the items'
 #             variance already carries; raw: the between-seed variance as it is (the interaction counted twice).

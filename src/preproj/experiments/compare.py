@@ -78,7 +78,7 @@ PRESETS = {
         "eval": dict(protocol="harness", limits={}, max_length=2048, extra_tasks=("wikitext_file",)),
         "lr_sweep": "1e-4,3e-4,1e-3,3e-3", "sweep_steps": 64, "sweep_seeds": 2, "seeds": 3,
         # Every method at its own swept rate, and the two the rate confounds (issue 28) also at preproj+skip's 3e-4,
-        # the common rate; 3 seeds each. docs/study-cpu/analysis_plan.json declares the comparisons among them.
+        # the common rate; 3 seeds each. results/study-cpu/analysis_plan.json declares the comparisons among them.
         "methods": "base,preproj+skip,lora,skip,preproj,preproj+lora,lora@3e-4,skip@3e-4",
     },
     # The paper's exact protocol (PAPER.md §2) on whatever device is present: 4 x 4 x 512 tokens per
@@ -344,7 +344,7 @@ def item_values(files: list[Path], task: str, value_of) -> np.ndarray | None:
 
 def other_convention(rule: str) -> str:
     """The rule's twin under the other defensible convention for a seed variance measured on fixed items: less the
-    seed-by-item interaction, or raw (docs/coverage.md). A call that changes between the two is fragile."""
+    seed-by-item interaction, or raw (results/coverage.md). A call that changes between the two is fragile."""
     if rule.startswith("subtract, ") and rule.replace("subtract", "raw", 1) in RULES:
         return rule.replace("subtract", "raw", 1)
     if rule.startswith("raw, ") and rule.replace("raw", "subtract", 1) in RULES:
@@ -686,7 +686,7 @@ def paired_paragraph(report: dict) -> str:
            "better) with its 95% interval and p-value. The items' variance is the paired bootstrap's, in closed form; "
            "seeds enter seed by seed where both arms were trained with the same seeds (seed-paired: seed i is the same "
            "data order), else through each arm's own seed variance (item-and-seed; an arm with one seed adds none, so "
-           "the interval is conditional on it). Seed variances follow the rule docs/coverage.md chose "
+           "the interval is conditional on it). Seed variances follow the rule results/coverage.md chose "
            f"({plan.get('rule', RULE)}). "
            f"Every verdict follows the p-value adjusted for the comparisons of its family ({families}"
            + (f", declared in {plan['file']}" if plan.get("file") else "") + "): better or worse only when the adjusted "

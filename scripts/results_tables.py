@@ -1,13 +1,16 @@
-"""The study's tables for README, written from its committed results.json, so that the two cannot drift apart.
+"""The results pages' tables, written from the committed results JSON, so that the pages cannot drift from it.
 
-    .venv/bin/python scripts/study_tables.py docs/study-cpu        # prints the markdown README carries
+    .venv/bin/python scripts/results_tables.py            # rewrites every marked block in docs/results/*.md
+    .venv/bin/python scripts/results_tables.py --check    # exits 1 naming each block that differs
 
-tests/test_readme.py checks that README holds exactly what this prints for docs/study-cpu.
+A block sits between `<!-- NAME:start -->` and `<!-- NAME:end -->`; BLOCKS says which page holds it and what
+writes it. tests/test_docs.py runs the check.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -54,5 +57,32 @@ def tables(study: Path) -> str:
     return paired_table(report) + "\n\n" + claims_table(report)
 
 
+ROOT = Path(__file__).resolve().parents[1]
+BLOCKS = {  # page -> {block name: what writes it}
+    "docs/results/study-cpu.md": {"study-tables": lambda: tables(ROOT / "results" / "study-cpu")},
+}
+
+
+def rewritten(page: Path, blocks: dict) -> str:
+    text = page.read_text()
+    for name, write in blocks.items():
+        pattern = re.compile(rf"(<!-- {name}:start -->\n).*?(\n<!-- {name}:end -->)", re.S)
+        if not pattern.search(text):
+            raise SystemExit(f"{page} has no block {name}")
+        text = pattern.sub(lambda m: m.group(1) + write().strip() + m.group(2), text)
+    return text
+
+
+def stale() -> list[str]:
+    """The pages whose blocks differ from what the results JSON gives."""
+    return [page for page, blocks in BLOCKS.items() if rewritten(ROOT / page, blocks) != (ROOT / page).read_text()]
+
+
 if __name__ == "__main__":
-    print(tables(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/study-cpu")))
+    if "--check" in sys.argv:
+        differ = stale()
+        print("\n".join(f"{page}: differs from its results JSON" for page in differ) or "every results table is current")
+        sys.exit(1 if differ else 0)
+    for page, blocks in BLOCKS.items():
+        (ROOT / page).write_text(rewritten(ROOT / page, blocks))
+        print(f"wrote {page}")
