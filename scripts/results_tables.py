@@ -3,7 +3,7 @@
     .venv/bin/python scripts/results_tables.py            # rewrites every marked block in docs/results/*.md
     .venv/bin/python scripts/results_tables.py --check    # exits 1 naming each block that differs
 
-A block sits between `<!-- NAME:start -->` and `<!-- NAME:end -->`; BLOCKS says which page holds it and what
+A block (in a results page or README's headline table) sits between `<!-- NAME:start -->` and `<!-- NAME:end -->`; BLOCKS says which page holds it and what
 writes it. tests/test_docs.py runs the check.
 """
 
@@ -52,6 +52,28 @@ def claims_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+HEADLINE = [("skip", "base", "lambada.acc"), ("preproj+skip", "base", "lambada.acc"), ("preproj+skip", "skip", "lambada.acc"),
+            ("preproj", "base", "wikitext.word_perplexity"), ("lora", "base", "wikitext.word_perplexity"),
+            ("preproj+skip", "lora", "wikitext.heldout_loss")]
+
+
+def headline(study: Path) -> str:
+    """README's short table: the study's comparisons that answer the paper's main questions."""
+    report = json.loads((study / "results.json").read_text())
+    found = {(e["method"], e["reference"], e["metric"]): e for e in report["paired"]}
+    lines = ["| comparison | metric | seeds | difference [95% interval] | adjusted p | verdict |", "|---|---|---|---|---|---|"]
+    for key in HEADLINE:
+        if key not in found:
+            continue
+        e = found[key]
+        digits = 2 if "perplexity" in e["metric"] else 3
+        adjusted = e.get("adjusted", {}).get(e.get("decided_by"), e["p"])
+        lines.append(f"| {key[0]} − {key[1]} | {e['metric']} | {e['seeds'][1]} v {e['seeds'][0]} | "
+                     f"{e['effect']:+.{digits}f} [{e['low']:+.{digits}f}, {e['high']:+.{digits}f}] | {adjusted:.2g} | "
+                     f"{e['verdict']}" + (", fragile" if e.get("fragile") else "") + " |")
+    return "\n".join(lines)
+
+
 def tables(study: Path) -> str:
     report = json.loads((study / "results.json").read_text())
     return paired_table(report) + "\n\n" + claims_table(report)
@@ -60,16 +82,17 @@ def tables(study: Path) -> str:
 ROOT = Path(__file__).resolve().parents[1]
 BLOCKS = {  # page -> {block name: what writes it}
     "docs/results/study-cpu.md": {"study-tables": lambda: tables(ROOT / "results" / "study-cpu")},
+    "README.md": {"headline": lambda: headline(ROOT / "results" / "study-cpu")},
 }
 
 
 def rewritten(page: Path, blocks: dict) -> str:
     text = page.read_text()
     for name, write in blocks.items():
-        pattern = re.compile(rf"(<!-- {name}:start -->\n).*?(\n<!-- {name}:end -->)", re.S)
+        pattern = re.compile(rf"(<!-- {name}:start -->\n).*?(<!-- {name}:end -->)", re.S)
         if not pattern.search(text):
             raise SystemExit(f"{page} has no block {name}")
-        text = pattern.sub(lambda m: m.group(1) + write().strip() + m.group(2), text)
+        text = pattern.sub(lambda m: m.group(1) + write().strip() + "\n" + m.group(2), text)
     return text
 
 

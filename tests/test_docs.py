@@ -1,0 +1,82 @@
+"""README and the documentation pages say what is true: every Python block runs as pasted (on the embedded
+model), the command tables name only flags the commands have, the results tables are the ones the committed
+results give, and README stays a front door."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+BLOCKS = [(page, block) for page in PAGES for block in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)]
+
+
+def test_readme_and_the_docs_have_python_blocks():
+    assert sum(page == README for page, _ in BLOCKS) >= 1 and len(BLOCKS) >= 4
+
+
+def test_readme_is_a_front_door():
+    assert len(README.read_text().splitlines()) < 200
+
+
+@pytest.fixture
+def registries():
+    """Blocks that register a task or a method (the contributor's guide) leave the tables as they found them."""
+    from preproj.evaluation.tasks import TASK_TABLE
+    from preproj.methods import METHODS
+
+    tasks, methods = dict(TASK_TABLE), dict(METHODS)
+    yield
+    TASK_TABLE.clear(), TASK_TABLE.update(tasks)
+    METHODS.clear(), METHODS.update(methods)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("page, block", BLOCKS, ids=[f"{p.relative_to(ROOT)}-{i}" for i, (p, _) in enumerate(BLOCKS)])
+def test_a_python_block_runs_as_pasted(page, block, tmp_path, monkeypatch, smollm2, registries):
+    monkeypatch.chdir(tmp_path)  # the blocks write out/
+    exec(compile(block, str(page.relative_to(ROOT)), "exec"), {"__name__": "docs"})
+
+
+def _help(command: str) -> str:
+    import contextlib
+    import io
+
+    from preproj.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        main([command, "--help"])
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("page", [README, ROOT / "docs" / "guide" / "commands.md"], ids=["README", "commands"])
+def test_the_command_table_names_only_flags_each_command_has(page):
+    text = page.read_text()
+    rows = re.findall(r"^\| `preproj (\w+)([^`]*)` \|", text, flags=re.M)
+    assert {name for name, _ in rows} >= {"inspect", "train", "eval", "compare", "paired", "harness", "pretrain", "scaling"}
+    for name, usage in rows:
+        flags = set(re.findall(r"--[a-z][a-z-]*", usage))
+        missing = [f for f in flags if f not in _help(name)]
+        assert not missing, f"{page.name}'s command table shows {missing} for `preproj {name}`, whose --help lacks them"
+    said = re.search(r"`inspect`, `train`, `eval`, `compare`, `pretrain` and `scaling` take `--device` and\s+`--precision`", text)
+    assert said, f"{page.name} no longer says which commands take --device and --precision; keep this test in step"
+    for name in ("inspect", "train", "eval", "compare", "pretrain", "scaling"):
+        assert "--device" in _help(name) and "--precision" in _help(name), name
+    for name in ("paired", "harness"):
+        assert "--precision" not in _help(name), name
+    reporting = {name for name in ("train", "compare", "pretrain", "scaling") if "--report-to" in _help(name)}
+    assert reporting == {"train", "compare", "pretrain"}
+
+
+def test_the_results_tables_are_the_ones_the_committed_results_give():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("results_tables", ROOT / "scripts" / "results_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.stale() == [], "run scripts/results_tables.py: these pages differ from their results JSON"
