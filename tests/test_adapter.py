@@ -8,14 +8,13 @@ import pickle
 
 import pytest
 import torch
+from conftest import input_ids, tiny_model
 from safetensors.torch import load_file
+from test_attach import logits, set_adapter
 
 from preproj import AdapterError, PreProjConfig, attach, load_adapter, save_adapter
 from preproj.core.adapter import config_from_metadata
 from preproj.core.attach import adapter_state_dict
-
-from conftest import input_ids, tiny_model
-from test_attach import logits, set_adapter
 
 
 @pytest.fixture
@@ -83,7 +82,6 @@ def test_loading_onto_another_base_names_the_mismatch(tmp_path, other, mismatch)
 
 def test_layer_count_mismatch_within_a_family(tmp_path):
     import transformers
-
     from conftest import TINY_CONFIGS
 
     model = attach(tiny_model("llama"), PreProjConfig())

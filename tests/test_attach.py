@@ -7,11 +7,10 @@ import copy
 import pytest
 import torch
 import transformers
+from conftest import VOCAB, input_ids, tiny_model
 
 from preproj import PreProjConfig, attach, detach, skip_norms, trainable_parameters
 from preproj.core.attach import adapted_layers, adapter_state_dict
-
-from conftest import VOCAB, input_ids, tiny_model
 
 MODES = ["preproj", "skip", "preproj+skip"]
 

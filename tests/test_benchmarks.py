@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_model
 
 from preproj import PreProjConfig, attach
-
-from conftest import tiny_model
 
 RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
 

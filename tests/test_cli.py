@@ -38,7 +38,7 @@ def test_a_stopped_run_is_told_the_command_that_continues_it():
 def test_quiet_keeps_the_library_progress_lines_off_the_terminal(tmp_path, capsys):
     import logging
 
-    from preproj.cli import build_parser, _show_library_messages
+    from preproj.cli import _show_library_messages, build_parser
 
     for flags, shown in (([], True), (["--quiet"], False)):
         _show_library_messages(build_parser().parse_args(["paired", "a", "b", *flags]))

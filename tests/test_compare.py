@@ -10,13 +10,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import transformers
-
-from preproj.experiments import compare
-from preproj.cli import main
-from preproj.experiments.compare import CompareArgs, agreement_paragraph, run_compare
-from preproj.runtime.files import RunLock
-
 from conftest import data_dir
+
+from preproj.analysis.report import agreement_paragraph, paired_paragraph
+from preproj.cli import main
+from preproj.experiments import compare
+from preproj.experiments.compare import CompareArgs, run_compare
+from preproj.runtime.files import RunLock
 
 
 @pytest.fixture(scope="module")
@@ -248,10 +248,10 @@ def test_paired_paragraph_says_which_calls_survive_the_correction():
     plan = {"families": [{"name": "all", "correction": "benjamini-hochberg", "members": "all"}]}
     rows = [row(i, "better" if i < 3 else "no detectable difference", "better" if i < 5 else "no detectable difference")
             for i in range(60)]
-    text = compare.paired_paragraph({"seeds": 3, "paired": rows, "plan": plan})
+    text = paired_paragraph({"seeds": 3, "paired": rows, "plan": plan})
     assert "all: benjamini-hochberg over every comparison" in text and "The other 57 comparisons" in text
     assert "2 of them only because of it" in text and "m3 vs base on lambada.acc; m4 vs base" in text
-    text = compare.paired_paragraph({"seeds": 1, "paired": rows[5:10], "plan": plan})
+    text = paired_paragraph({"seeds": 1, "paired": rows[5:10], "plan": plan})
     assert "any of the 5 comparisons" in text and "conditional on it" in text
 
 

@@ -191,8 +191,8 @@ def test_fsdp_keeps_fp32_adapter_masters_on_a_bf16_base(setup):
 
 
 def test_compare_refuses_fsdp_across_processes(monkeypatch, tmp_path):
-    from preproj.runtime import distributed
     from preproj.experiments.compare import CompareArgs, run_compare
+    from preproj.runtime import distributed
 
     monkeypatch.setattr(distributed, "setup", lambda device: distributed.Ranks(0, 2, 0))
     with pytest.raises(ValueError, match="use --strategy ddp"):

@@ -7,12 +7,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import CharTokenizer, data_dir, tiny_model
 
 from preproj import data as datasets
 from preproj.evaluation import LogLikelihood
 from preproj.evaluation.tasks import mean_stderr, ratio_stderr
-
-from conftest import CharTokenizer, data_dir, tiny_model
 
 
 @pytest.mark.parametrize("n", [1, 5, 16, 17, 40, 100])
@@ -91,11 +90,10 @@ def test_packed_choices_score_as_the_pairs_do(family, attn):
 
 def test_packed_choices_of_an_adapted_model_and_of_truncated_or_alibi_models_still_score_as_pairs():
     import transformers
-
-    from preproj import PreProjConfig, attach
+    from conftest import VOCAB
     from test_attach import set_adapter
 
-    from conftest import VOCAB
+    from preproj import PreProjConfig, attach
 
     model = attach(tiny_model("llama"), PreProjConfig(mode="preproj+skip"))
     set_adapter(model, "random")
@@ -291,9 +289,9 @@ def test_per_item_records_round_trip_and_give_the_metrics(tmp_path):
 
 
 def test_paper_lambada_target_has_no_bos_for_tokenizers_that_add_one():
-    from preproj.evaluation.tasks.lambada import paper as lambada_paper
-
     from conftest import BosCharTokenizer
+
+    from preproj.evaluation.tasks.lambada import paper as lambada_paper
 
     score = LogLikelihood(tiny_model("llama"), BosCharTokenizer(), progress=False)
     items = []
@@ -304,8 +302,8 @@ def test_paper_lambada_target_has_no_bos_for_tokenizers_that_add_one():
 
 def test_a_merged_lora_scores_as_the_unmerged_one(tmp_path):
     """Evaluation merges a LoRA into the base weights (the base's cost): the same log-likelihoods up to rounding."""
-    from preproj.methods.lora import attach_lora, merged_for_evaluation
     from preproj.evaluation import LogLikelihood
+    from preproj.methods.lora import attach_lora, merged_for_evaluation
 
     torch.manual_seed(0)
     lora = attach_lora(tiny_model("llama"), rank=4)

@@ -10,14 +10,12 @@ import copy
 from pathlib import Path
 
 import pytest
+from conftest import data_dir
+from test_attach import set_adapter
 
 from preproj import PreProjConfig, attach
 from preproj.evaluation import evaluate
 from preproj.evaluation.harness import write_local_tasks
-
-from conftest import data_dir
-from test_attach import set_adapter
-
 
 LIMIT = {"lambada": 24, "hellaswag": 16, "arc_easy": 24, "wikitext": 2}
 MAX_LENGTH = 512  # several rolling windows per WikiText document

@@ -6,13 +6,12 @@ import time
 
 import pytest
 import torch
+from conftest import tiny_model
+from test_attach import set_adapter
 
 from preproj import PreProjConfig, attach, detach, load_adapter, load_model, save_adapter, trainable_parameters
 from preproj.core.attach import adapter_state_dict
 from preproj.runtime.loading import ModelLoadError
-
-from conftest import tiny_model
-from test_attach import set_adapter
 
 
 def test_local_directory_loads_through_automodel(tmp_path, smollm2):

@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from conftest import VOCAB, input_ids, tiny_model
 
 from preproj import PreProjConfig, attach
 from preproj.core.loss import body_and_head, causal_lm_loss
 from preproj.methods import build_method
-
-from conftest import VOCAB, input_ids, tiny_model
 
 
 def _loss_and_grads(model, fn, autocast: bool):

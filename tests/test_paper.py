@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from preproj.experiments.compare import _correct, _digits, analysis_plan, column_names, plot_paired
+from preproj.analysis.pairing import analysis_plan, column_names, correct, digits
 from preproj.analysis.paper import CLAIMS, PAPER_SKIP_NORMS, check_claims, check_depth, claim_pairs, claims_table
+from preproj.analysis.plots import plot_paired
 from preproj.analysis.stats import accuracy, paired_difference, perplexity
 
 
@@ -34,7 +35,7 @@ def planted(method: str, reference: str, task: str, delta: float, n: int = 3000,
 def checked_claims(paired: list[dict], protocol: str = "harness", plan: dict | None = None) -> list[dict]:
     """compare's path: the default plan's corrections, then the claims."""
     plan = plan or analysis_plan(Path("/nonexistent"), ["base", "lora", "skip", "preproj", "preproj+skip", "preproj+lora"], protocol)
-    _correct(paired, plan)
+    correct(paired, plan)
     return check_claims(paired, plan, column_names(protocol))
 
 
@@ -49,7 +50,7 @@ def test_a_claim_is_confirmed_refuted_or_undetectable_by_its_paired_interval():
     assert checked["wikitext.word_perplexity"]["verdict"] == "refuted" and checked["wikitext.word_perplexity"]["effect"] > 0
     undetected = checked["hellaswag.acc_norm"]
     assert undetected["verdict"] == "not detectable at this budget" and undetected["low"] < 0 < undetected["high"]
-    rows = "\n".join(claims_table(list(checked.values()), None, _digits))
+    rows = "\n".join(claims_table(list(checked.values()), None, digits))
     assert f"would detect ±{undetected['mde']:.3f}" in rows and "0.128 → 0.180 (+40.6%)" in rows
 
 
@@ -71,7 +72,7 @@ def test_the_depth_claim_is_a_t_interval_over_seeds_of_last_over_first():
     assert check_depth([[0.1, 0.12], [0.1, 0.08]])["verdict"] == "not detectable at this budget"
     assert check_depth([rising[0]])["verdict"].startswith("not detectable") and check_depth([]) is None
     paper = PAPER_SKIP_NORMS["Pythia-160M"]
-    assert "2.3× at 160M" in claims_table([], check_depth([paper, paper]), _digits)[-1]
+    assert "2.3× at 160M" in claims_table([], check_depth([paper, paper]), digits)[-1]
 
 
 def test_the_paired_plot_is_written(tmp_path):

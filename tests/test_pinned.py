@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file
-
 from conftest import TINY_CONFIGS, CharTokenizer, data_dir, tiny_model
+from safetensors.torch import load_file
 
 TRAINED = ["preproj", "skip", "preproj+skip", "lora", "preproj+lora"]
 SCRATCH = ["base", "preproj+skip"]

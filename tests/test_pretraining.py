@@ -11,7 +11,17 @@ from torch.utils.flop_counter import FlopCounterMode
 import preproj
 from preproj.cli import main
 from preproj.methods import build_method
-from preproj.training.scratch import MODES, PretrainArgs, Shape, build_model, count_params, matched_plain, pretrain, train_flops_per_token, train_tokenizer
+from preproj.training.scratch import (
+    MODES,
+    PretrainArgs,
+    Shape,
+    build_model,
+    count_params,
+    matched_plain,
+    pretrain,
+    train_flops_per_token,
+    train_tokenizer,
+)
 
 SHAPES = [Shape(2, 64, 4, 4, 176, 300), Shape(3, 48, 6, 2, 128, 512)]  # MHA, and GQA 6/2
 CORPUS = ["the cat sat on the mat and the dog ate the bone while the bird sang a song. " * 2] * 200

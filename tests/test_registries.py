@@ -8,13 +8,12 @@ import json
 import pytest
 import torch
 import transformers
+from conftest import data_dir
 
 from preproj.evaluation.tasks import TASK_TABLE, Metric, Task, register_task
 from preproj.experiments import compare
 from preproj.experiments.compare import CompareArgs, run_compare
 from preproj.methods import METHODS, Method, register_method
-
-from conftest import data_dir
 
 
 @pytest.fixture

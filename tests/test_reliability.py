@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from preproj import AdapterError, PreProjConfig, attach, load_adapter, save_adapter
-from preproj.core.adapter import config_from_metadata
 from preproj.cli import main
+from preproj.core.adapter import config_from_metadata
 from preproj.runtime.files import RunInUse, RunLock, WriteFailed, atomic_write
 from preproj.training import TrainArgs, TrainingInterrupted, train
 

@@ -71,7 +71,7 @@ def _study_fixture(out: Path, rule: str | None = None) -> None:
     LAMBADA and WikiText, and the results.json that compare's own analysis writes from them."""
     import numpy as np
 
-    from preproj.experiments.compare import analysis_plan, paired_comparisons
+    from preproj.analysis.pairing import analysis_plan, paired_comparisons
     from preproj.analysis.stats import RULE
 
     rng = np.random.default_rng(0)

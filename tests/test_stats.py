@@ -5,7 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from preproj.analysis.stats import RULE, RULES, accuracy, benjamini_hochberg, describe, holm, paired_bootstrap, paired_difference, paired_t, perplexity, t_interval
+from preproj.analysis.stats import (
+    RULE,
+    RULES,
+    accuracy,
+    benjamini_hochberg,
+    describe,
+    holm,
+    paired_bootstrap,
+    paired_difference,
+    paired_t,
+    perplexity,
+    t_interval,
+)
 
 
 def planted(rng, n_items: int, delta: float):

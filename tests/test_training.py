@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 import math
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
+from conftest import CharTokenizer, data_dir, tiny_model
 from safetensors.torch import load_file
 
 from preproj import load_adapter
-from preproj.methods.lora import lora_params_per_rank, matched_lora_rank
 from preproj.methods import build_method
+from preproj.methods.lora import lora_params_per_rank, matched_lora_rank
 from preproj.training import RESUME_MAY_CHANGE, TrainArgs, TrainingDiverged, lr_at, train
-
-from conftest import CharTokenizer, data_dir, tiny_model
 
 
 @pytest.fixture
@@ -177,9 +176,9 @@ def test_pure_bf16_reports_erased_updates(tmp_path, corpus):
 
 
 def test_paper_lora_rank_is_the_authors_formula():
-    from preproj.methods import paper_lora_rank
-
     import transformers
+
+    from preproj.methods import paper_lora_rank
 
     pythia_160m = transformers.GPTNeoXConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                                              intermediate_size=64, vocab_size=16)

@@ -207,19 +207,19 @@ def _scaling(ns: argparse.Namespace) -> int:
 
 
 def _paired(ns: argparse.Namespace) -> int:
-    from .experiments.compare import _correct, _describe_entry, item_files, paired_between
+    from .analysis.pairing import correct, describe_entry, item_files, paired_between
 
     a, b = item_files(ns.a), item_files(ns.b)
     found = paired_between(a, b, ns.protocol, seed_paired=ns.seed_paired)
     if not found:
         raise ValueError(f"{ns.a} and {ns.b} share no task scored on the same items under the {ns.protocol} protocol.")
     entries = [{"method": "B", "reference": "A", **p.to_dict(), "raw_verdict": p.verdict} for p in found]
-    _correct(entries, {"families": [{"name": "these metrics", "correction": "holm", "members": "all"}]})
+    correct(entries, {"families": [{"name": "these metrics", "correction": "holm", "members": "all"}]})
     print(f"{ns.b} against {ns.a}: B - A, 95% interval over items"
           + (" and seeds" if any(max(p.seeds) > 1 for p in found) else "")
           + f" ({found[0].test}), p-value Holm-adjusted over the {len(found)} metrics, verdict for B")
     for p, entry in zip(found, entries):
-        print(f"  {p.metric:<26} A {p.a:.4f}  B {p.b:.4f}  {_describe_entry(entry)}  (seeds {p.seeds[0]}/{p.seeds[1]}, "
+        print(f"  {p.metric:<26} A {p.a:.4f}  B {p.b:.4f}  {describe_entry(entry)}  (seeds {p.seeds[0]}/{p.seeds[1]}, "
               f"{p.items} items)")
     if ns.out:
         write_json(ns.out, {"a": ns.a, "b": ns.b, "protocol": ns.protocol, "paired": entries})

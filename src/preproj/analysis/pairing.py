@@ -1,0 +1,178 @@
+"""Paired comparisons from per-item files: which comparisons (the analysis plan), each one's effect, interval
+and p-value over items and seeds (analysis.stats), and the verdicts the plan's corrections leave."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..evaluation import read_items
+from ..evaluation.tasks import TASK_TABLE, columns, paired_metrics
+from .paper import CLAIMS, claim_pairs
+from .stats import RULE, RULES, STATISTICS, Paired, benjamini_hochberg, holm, paired_difference
+
+
+def column_names(protocol: str) -> dict[str, str]:
+    """task -> the metric of its column in the table (what the paper's claims are checked on)."""
+    return {task: metric.name for task, metric in columns(protocol)}
+
+
+def item_values(files: list[Path], task: str, value_of) -> np.ndarray | None:
+    """(seeds, items, ...) values of `task` from per-item files, one file per seed; None when a file lacks the task
+    or the seeds were scored on different items."""
+    rows = []
+    for path in files:
+        records = sorted(read_items(path).get(task, []), key=lambda x: x["index"])
+        if not records:
+            return None
+        rows.append(([x["index"] for x in records], [value_of(x) for x in records]))
+    if not rows or any(idx != rows[0][0] for idx, _ in rows):
+        return None
+    return np.array([v for _, v in rows], dtype=np.float64)
+
+
+def other_convention(rule: str) -> str:
+    """The rule's twin under the other defensible convention for a seed variance measured on fixed items: less the
+    seed-by-item interaction, or raw (results/coverage.md). A call that changes between the two is fragile."""
+    if rule.startswith("subtract, ") and rule.replace("subtract", "raw", 1) in RULES:
+        return rule.replace("subtract", "raw", 1)
+    if rule.startswith("raw, ") and rule.replace("raw", "subtract", 1) in RULES:
+        return rule.replace("raw", "subtract", 1)
+    return "raw, n-1 df" if rule.startswith("subtract") else "subtract, Satterthwaite df"
+
+
+def paired_between(a: dict[str, list[Path]], b: dict[str, list[Path]], protocol: str,
+                   seed_paired: bool = False, rule: str = RULE) -> list[Paired]:
+    """B against A on every paired metric both have: a and b map task -> per-seed item files (seed-paired: file i of
+    both sides has the same seed)."""
+    found = []
+    for task, metric in paired_metrics(protocol):
+        va = item_values(a.get(task, []), task, metric.item_value)
+        vb = item_values(b.get(task, []), task, metric.item_value)
+        if va is None or vb is None or va.shape[1:] != vb.shape[1:]:
+            continue
+        pair = seed_paired and len(va) == len(vb) > 1
+        found.append(paired_difference(va, vb, STATISTICS[metric.statistic], metric=f"{task}.{metric.name}",
+                                       higher_is_better=metric.higher_is_better, seed_paired=pair, rule=rule))
+    return found
+
+
+def _items_in(dirs: list[Path]) -> dict[str, list[Path]]:
+    """task -> the per-item files that compare's run directories hold for it (DIR/items.TASK.jsonl)."""
+    return {t: [d / f"items.{t}.jsonl" for d in dirs if (d / f"items.{t}.jsonl").is_file()] for t in TASK_TABLE}
+
+
+def _run_files(out: Path, runs: list[dict], method: str) -> dict[str, list[Path]]:
+    mine = sorted((r for r in runs if r["method"] == method), key=lambda r: r["seed"])
+    return _items_in([out / r.get("run_dir", f"{method}-seed{r['seed']}") for r in mine])
+
+
+def analysis_plan(out: Path, methods: list[str], protocol: str) -> dict:
+    """The comparisons, their families and corrections: OUT/analysis_plan.json where the study declared one before
+    its runs, else this default: every trained arm against the base and against lora, the pairs the paper's claims
+    need; Holm over the claims, Benjamini-Hochberg over every comparison."""
+    path = out / "analysis_plan.json"
+    if path.is_file():
+        plan = json.loads(path.read_text())
+        plan["file"] = str(path)
+        return plan
+    pairs = [(m, ref) for ref in ("base", "lora") if ref in methods for m in methods if m not in ("base", ref)]
+    pairs += [pair for pair in claim_pairs(methods) if pair not in pairs]
+    names = column_names(protocol)
+    claims = [{"method": c.method, "reference": c.reference, "metric": f"{c.task}.{names[c.task]}"} for c in CLAIMS
+              if c.task in names]
+    return {"alpha": 0.05, "comparisons": [{"method": m, "reference": r} for m, r in pairs],
+            "families": [{"name": "claims", "correction": "holm", "members": claims},
+                         {"name": "all", "correction": "benjamini-hochberg", "members": "all"}]}
+
+
+def paired_comparisons(runs: list[dict], methods: list[str], protocol: str, out: Path, plan: dict | None = None) -> list[dict]:
+    """The plan's comparisons (analysis_plan), metric by metric, paired over items and, where both arms were trained
+    with the same seeds, seed by seed: effect, 95% interval, p-value, the smallest detectable effect (stats.py), and
+    the verdict that the family's correction leaves."""
+    plan = plan or analysis_plan(out, methods, protocol)
+    pairs = [(c["method"], c["reference"]) for c in plan["comparisons"] if {c["method"], c["reference"]} <= set(methods)]
+    seeds = {m: sorted(r["seed"] for r in runs if r["method"] == m) for m in methods}
+    rule = plan.get("rule", RULE)
+    found, twin = [], []  # the plan's rule, and the other convention's, each corrected in full
+    for method, reference in pairs:
+        a, b = _run_files(out, runs, reference), _run_files(out, runs, method)
+        for task in a:  # a run from before per-item records has no file: no paired comparison for it
+            if len(a[task]) != len(seeds[reference]) or len(b[task]) != len(seeds[method]):
+                a[task] = b[task] = []
+        seed_paired = "base" not in (method, reference) and seeds[method] == seeds[reference] and len(seeds[method]) > 1
+        for entries, r in ((found, rule), (twin, other_convention(rule))):
+            for p in paired_between(a, b, protocol, seed_paired, r):
+                if not plan.get("metrics") or p.metric in plan["metrics"]:
+                    entries.append({"method": method, "reference": reference, **p.to_dict(), "raw_verdict": p.verdict})
+    correct(found, plan)
+    correct(twin, plan)
+    for entry, other in zip(found, twin, strict=True):
+        entry["fragile"] = entry["verdict"] != other["verdict"]
+        entry["text"] = describe_entry(entry)
+    return found
+
+
+def correct(found: list[dict], plan: dict) -> None:
+    """Adjusted p-values per family (Holm or Benjamini-Hochberg), and each entry's verdict from its adjusted p: a claim
+    follows its Holm family, every other entry Benjamini-Hochberg over all comparisons."""
+    alpha = plan.get("alpha", 0.05)
+    adjust = {"holm": holm, "benjamini-hochberg": benjamini_hochberg}
+    for family in plan["families"]:
+        if family["correction"] not in adjust:
+            raise ValueError(f"{plan.get('file', 'the analysis plan')}: family {family['name']!r} has correction "
+                             f"{family['correction']!r}; use one of {', '.join(adjust)}.")
+        wanted = None if family["members"] == "all" else {(x["method"], x["reference"], x["metric"]) for x in family["members"]}
+        members = [e for e in found if wanted is None or (e["method"], e["reference"], e["metric"]) in wanted]
+        for entry, q in zip(members, adjust[family["correction"]]([e["p"] for e in members])):
+            entry.setdefault("adjusted", {})[family["name"]] = q
+            if family["correction"] == "holm" or "decided_by" not in entry:
+                entry["decided_by"] = family["name"]
+    for entry in found:
+        q = entry.get("adjusted", {}).get(entry.get("decided_by"), entry["p"])
+        entry["verdict"] = entry["raw_verdict"] if q < alpha else "no detectable difference"
+
+
+def describe_entry(entry: dict) -> str:
+    """'+0.021 [+0.003, +0.040] p 0.021, adj. 0.084 (all): no detectable difference (would detect ±0.030)'."""
+    d = digits(entry["metric"])
+    f = f"{{:+.{d}f}}"
+    q = entry.get("adjusted", {}).get(entry.get("decided_by"))
+    text = f"{f.format(entry['effect'])} [{f.format(entry['low'])}, {f.format(entry['high'])}] p {entry['p']:.2g}"
+    if q is not None:
+        text += f", adj. {q:.2g}"
+    text += f": {entry['verdict']}"
+    if entry["verdict"] == "no detectable difference":
+        text += f" (would detect ±{entry['mde']:.{d}f})"
+    if entry.get("fragile"):
+        text += ", fragile"
+    return text
+
+
+def item_files(spec: str) -> dict[str, list[Path]]:
+    """task -> per-seed item files for `preproj paired`: `eval --items` files (comma-separated, one per seed), or
+    DIR:METHOD for every seed of METHOD in a `preproj compare` directory (DIR/METHOD-seed*/items.TASK.jsonl)."""
+    path, _, method = spec.partition(":")
+    if not method:
+        paths = [Path(x) for x in path.split(",") if x]
+        missing = [str(x) for x in paths if not x.exists()]
+        if missing:
+            raise ValueError(f"{', '.join(missing)}: no such file (give items files of preproj eval --items, or "
+                             "DIR:METHOD of a compare run).")
+        if not paths or not all(x.is_file() for x in paths):
+            raise ValueError(f"{spec!r}: not items files (preproj eval --items), nor DIR:METHOD of a compare run.")
+        files: dict[str, list[Path]] = {}
+        for x in paths:
+            for task in read_items(x):
+                files.setdefault(task, []).append(x)
+        return {t: f for t, f in files.items() if len(f) == len(paths)}
+    files = _items_in(sorted(Path(path).glob(f"{method}-seed*")))
+    if not any(files.values()):
+        raise ValueError(f"No per-item records of {method!r} in {path} (expected {path}/{method}-seed*/items.TASK.jsonl).")
+    return {t: f for t, f in files.items() if f}
+
+
+def digits(metric: str) -> int:
+    return 2 if "perplexity" in metric else 4 if "loss" in metric else 3

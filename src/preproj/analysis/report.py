@@ -1,0 +1,198 @@
+"""compare's report.md, written from results.json's contents: the methods table, learning rates, paired
+differences, the paper's claims and what agrees with the paper."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from ..evaluation.tasks import Metric, columns
+from .pairing import column_names, digits, other_convention
+from .paper import PAPER_COLUMNS, PAPER_TABLE, claims_table
+from .stats import RULE
+
+
+def mean_known(seconds: list[float | None]) -> dict:
+    """The mean over the runs whose time is on record, and how many of them there are."""
+    known = [x for x in seconds if x is not None]
+    return {"mean": float(np.mean(known)) if known else None, "runs": len(known), "of": len(seconds)}
+
+
+def _fmt_seconds(t: dict) -> str:
+    if t["mean"] is None:
+        return "unknown"
+    return f"{t['mean']:.0f}s" + (f" ({t['runs']} of {t['of']} runs)" if t["runs"] < t["of"] else "")
+
+
+def _fmt_training(report: dict) -> str:
+    """The shared training arguments; a swept learning rate is each method's own, so the default is not shown."""
+    if not report.get("sweep"):
+        return json.dumps(report["train"])
+    return json.dumps({k: v for k, v in report["train"].items() if k != "lr"}) + " at each method's swept learning rate"
+
+
+def _fmt_seeds(report: dict) -> str:
+    """One count when every trained method has the same seeds, else each method's seeds (an interim report, or
+    `--seeded-methods` giving some methods more seeds than others)."""
+    trained = {m: row["seeds"] for m, row in report["methods"].items() if row["trainable_params"]}
+    if len({tuple(s) for s in trained.values()}) <= 1:
+        return f"Seeds per method: {report['seeds']}"
+    return "Seeds: " + "; ".join(f"{m} {', '.join(map(str, s))}" for m, s in trained.items())
+
+
+def _fmt(cell: dict, metric: Metric) -> str:
+    ppl = metric.statistic == "perplexity"  # perplexities in two decimals, the rest in three
+    value = f"{cell['mean']:.2f}" if ppl else f"{cell['mean']:.3f}"
+    if cell["ci95"] is None:
+        return value
+    return value + (f" ± {cell['ci95']:.2f}" if ppl else f" ± {cell['ci95']:.3f}")
+
+
+def render_report(report: dict) -> str:
+    protocol = report["protocol"]
+    pending = report.get("pending")
+    interim = [f"**Interim report**: {len(pending)} run(s) still to come ({', '.join(pending)}); every figure below is "
+               "from the runs finished so far.", ""] if pending else []
+    lines = [f"# preproj compare: {report['model']} (preset {report['preset']})", "", *interim,
+             f"Protocol `{protocol}`; evaluation items per task: "
+             + (", ".join(f"{k} {v}" for k, v in report["eval_limits"].items()) or "the protocol's defaults")
+             + f". Training: {_fmt_training(report)}. Precision, the same for every method: training "
+             f"{report.get('precision', '?')}, evaluation {report.get('eval_precision', '?')}. {_fmt_seeds(report)}. "
+             "Intervals are 95%: over seeds when there are several, else 1.96 x the metric's standard error, which "
+             "carries no seed-to-seed variation (a row with one trained seed is conditional on it).", "",
+             "| method | seeds | lr | trainable params | " + " | ".join(m.header for _, m in columns(protocol))
+             + " | train tokens | train time | eval time |",
+             "|---" * (len(columns(protocol)) + 7) + "|"]
+    for method, row in report["methods"].items():
+        cells = [_fmt(row["metrics"][f"{t}.{m.name}"], m) for t, m in columns(protocol)]
+        trained = bool(row["trainable_params"])
+        params = f"{row['trainable_params'] / 1e6:.2f}M" if trained else "–"
+        train_time = _fmt_seconds(row["train_seconds"]) if trained else "–"
+        lr = f"{row['lr']:g}" if row.get("lr") else "–"
+        lines.append(f"| {method} | {len(row['seeds'])} | {lr} | {params} | " + " | ".join(cells)
+                     + f" | {row['train_tokens']:,} | {train_time} | {_fmt_seconds(row['eval_seconds'])} |")
+    lines += ["", "The paper's Table 2 (Pythia, its own protocol on 500-item subsets, one seed), for reference:", "",
+              "| model | method | params | LAMBADA | HellaSwag | ARC-E | PPL |", "|---|---|---|---|---|---|---|"]
+    for model, rows in PAPER_TABLE.items():
+        for method, (p, lam, hs, arc, ppl) in rows.items():
+            lines.append(f"| {model} | {method} | {'–' if p is None else f'{p / 1e6:.1f}M'} | {lam:.3f} | {hs:.3f} | {arc:.3f} | {ppl} |")
+    lines += _sweep_section(report.get("sweep"))
+    if report.get("paired"):
+        lines += ["", "## Paired differences", "", paired_paragraph(report), ""]
+        metrics = list(dict.fromkeys(p["metric"] for p in report["paired"]))
+        lines += ["| method | against | seeds, test | " + " | ".join(metrics) + " |", "|---" * (len(metrics) + 3) + "|"]
+        for key in dict.fromkeys((p["method"], p["reference"]) for p in report["paired"]):
+            mine = [p for p in report["paired"] if (p["method"], p["reference"]) == key]
+            cells = {p["metric"]: p["text"] for p in mine}
+            lines.append(f"| {key[0]} | {key[1]} | {mine[0]['seeds'][1]} v {mine[0]['seeds'][0]}, {mine[0].get('test', '–')} | "
+                         + " | ".join(cells.get(m, "–") for m in metrics) + " |")
+    if report.get("claims") or report.get("depth"):
+        lines += ["", "## The paper's claims", "", "Each claim is one method against one reference, checked by the paired "
+                  "difference above and corrected with Holm's method within its family of claims: confirmed when the "
+                  "adjusted p is below 0.05 and the effect lies on the paper's side of zero, refuted when it lies on the "
+                  "other side, otherwise not detectable at this budget (with the smallest effect the run could have "
+                  "detected, uncorrected). The depth claim uses a t interval over seeds.", ""]
+        lines += claims_table(report.get("claims", []), report.get("depth"), digits)
+    lines += ["", "## What agrees and what does not", "", agreement_paragraph(report), ""]
+    return "\n".join(lines)
+
+
+def _sweep_section(sweep: dict | None) -> list[str]:
+    """The learning-rate sweep: each method's held-out loss at each candidate rate, and the finalists' seeds."""
+    if not sweep:
+        return []
+    lrs = [f"{lr:g}" for lr in sweep["candidates"]]
+    lines = ["", "## Learning rates", "", f"Each method's peak learning rate is the candidate with the lowest "
+              f"held-out loss after {sweep['steps']} steps (seed 42) on the training data's validation text, which "
+              f"is neither training text nor reported (sweep trained in {', '.join(sweep.get('precisions', []))}):", "",
+              "| method | " + " | ".join(f"lr {lr}" for lr in lrs) + " | chosen |", "|---" * (len(lrs) + 2) + "|"]
+    for method, by_lr in sweep["heldout_loss"].items():
+        lines.append(f"| {method} | " + " | ".join(f"{by_lr[lr]:.4f}" for lr in lrs)
+                     + f" | {sweep['chosen'][method]:g} |")
+    if sweep.get("seeds", 1) > 1:
+        lines += ["", f"The best two rates of seed 42 were each trained with {sweep['seeds']} seeds (42, 43, ...); the "
+                  "chosen rate has the lower mean held-out loss over them:", "",
+                  "| method | rate: held-out loss per seed (mean) |", "|---|---|"]
+        for method, finalists in sweep.get("finalists", {}).items():
+            lines.append(f"| {method} | " + "; ".join(
+                f"{lr}: {', '.join(f'{x:.4f}' for x in xs)} ({np.mean(xs):.4f})" for lr, xs in finalists.items()) + " |")
+    return lines
+
+
+def paired_paragraph(report: dict) -> str:
+    """How to read the table, then what it says, written from the adjusted verdicts."""
+    paired, plan = report["paired"], report.get("plan") or {}
+    families = "; ".join(f"{f['name']}: {f['correction']} over "
+                         + ("every comparison" if f["members"] == "all" else f"{len(f['members'])} declared comparisons")
+                         for f in plan.get("families", []))
+    how = ("Each cell is the paired difference (method minus the reference; for perplexity and held-out loss, lower is "
+           "better) with its 95% interval and p-value. The items' variance is the paired bootstrap's, in closed form; "
+           "seeds enter seed by seed where both arms were trained with the same seeds (seed-paired: seed i is the same "
+           "data order), else through each arm's own seed variance (item-and-seed; an arm with one seed adds none, so "
+           "the interval is conditional on it). Seed variances follow the rule results/coverage.md chose "
+           f"({plan.get('rule', RULE)}). "
+           f"Every verdict follows the p-value adjusted for the comparisons of its family ({families}"
+           + (f", declared in {plan['file']}" if plan.get("file") else "") + "): better or worse only when the adjusted "
+           "p is below 0.05; otherwise the cell gives the smallest effect this run could have detected (80% power, "
+           "uncorrected). A call marked fragile changes, after correction, under the other defensible convention "
+           f"for the seeds' variance ({other_convention(plan.get('rule', RULE))}).")
+    called = [p for p in paired if p["verdict"] != "no detectable difference"]
+    if not called:
+        said = f" After correction no method differs detectably from its reference on any of the {len(paired)} comparisons."
+    else:
+        said = " Detectable after correction: " + "; ".join(
+            f"{p['method']} vs {p['reference']} on {p['metric']}: {p['verdict']} ({p['text'].split(' p ')[0]}"
+            + (", fragile" if p.get("fragile") else "") + ")" for p in called) + "."
+        said += f" The other {len(paired) - len(called)} comparisons show no detectable difference after correction"
+        raw = [p for p in paired if p.get("raw_verdict", p["verdict"]) != "no detectable difference" and p not in called]
+        said += (f", {len(raw)} of them only because of it (raw interval excludes zero: "
+                 + "; ".join(f"{p['method']} vs {p['reference']} on {p['metric']}" for p in raw) + ")." if raw else ".")
+    return how + said
+
+
+def agreement_paragraph(report: dict) -> str:
+    """One paragraph, written from the numbers: the sign of each method's change over base, against the paper's 160M."""
+    rows, protocol = report["methods"], report["protocol"]
+    if "base" not in rows:
+        return "No base row was run, so no change over the base model can be compared with the paper."
+    paper = PAPER_TABLE["Pythia-160M"]
+    said = []
+    for method in [m for m in rows if m != "base" and m in paper]:
+        parts = []
+        for task, metric in columns(protocol):
+            if task not in PAPER_COLUMNS:
+                continue
+            k = 1 + PAPER_COLUMNS.index(task)
+            ours = rows[method]["metrics"][f"{task}.{metric.name}"]
+            base = rows["base"]["metrics"][f"{task}.{metric.name}"]
+            delta = ours["mean"] - base["mean"]
+            theirs = paper[method][k] - paper["base"][k]
+            sign = 1 if metric.higher_is_better else -1
+            better, paper_better = sign * delta > 0, sign * theirs > 0
+            # The paired test on the same items decides whether the change is real; without one (runs from before
+            # per-item records), the wider of the two unpaired intervals does.
+            paired = next((p for p in report.get("paired", []) if (p["method"], p["reference"], p["metric"])
+                           == (method, "base", f"{task}.{metric.name}")), None)
+            if paired is not None:
+                real = paired["verdict"] != "no detectable difference"
+            else:
+                real = abs(delta) > max(ours["ci95"] or 0.0, base["ci95"] or 0.0)
+            if delta == 0:
+                verdict = "no change"
+            elif theirs == 0:
+                verdict = "no change in the paper" + ("" if real else "; ours not detectable")
+            else:
+                verdict = "same direction" if better == paper_better else "opposite direction"
+                verdict += "" if real else ", not detectable"
+            parts.append(f"{metric.header.split()[0]} {delta:+.3g} (paper {theirs:+.3g}: {verdict})")
+        said.append(f"{method}: " + "; ".join(parts) + ".")
+    said = "Change over base, ours against the paper's Pythia-160M. " + " ".join(said)
+    if "wikitext" not in column_names(protocol):
+        return said
+    ppl_key = "wikitext." + column_names(protocol)["wikitext"]
+    ranking = sorted(rows, key=lambda m: rows[m]["metrics"][ppl_key]["mean"])
+    return (said + f" Ranked by WikiText perplexity (lower is better): {' < '.join(ranking)}; the paper's "
+            "160M ranking is preproj+skip < preproj+lora < lora < preproj < base. Training and the perplexity evaluation "
+            "share a source (WikiText), so perplexity gains include in-domain adaptation, as in the paper. The base "
+            "model, budget and protocol differ from the paper's, so only directions are comparable, not magnitudes.")
