@@ -79,10 +79,56 @@ def tables(study: Path) -> str:
     return paired_table(report) + "\n\n" + claims_table(report)
 
 
+def scaling_tables(out: Path) -> str:
+    """The scaling report's per-size tables and step times, from its results.json (`preproj scaling`'s own
+    renderer), one heading level down."""
+    from preproj.experiments.scaling import report_markdown
+
+    text = report_markdown(json.loads((out / "results.json").read_text()))
+    sections = text.split("\n## ")[1:]
+    body = "\n## ".join(sections).split("\n![")[0]
+    return "### " + body.replace("\n## ", "\n### ").strip()
+
+
+def bf16_table(out: Path) -> str:
+    """The bf16 question from its runs' files: erased updates and held-out loss per precision (summary.json), the
+    paper protocol's perplexity, and each precision against the base and fp32 masters against pure bf16, paired
+    over rows and seeds under the current interval rule (recomputed from the item files, not read from the
+    paired JSON written when the runs finished)."""
+    import statistics
+
+    from preproj.analysis.pairing import paired_between
+    from preproj.analysis.stats import describe
+
+    runs = {p: sorted(out.glob(f"{p}-seed*")) for p in ("bf16-true", "bf16-frozen")}
+    items = {p: {"wikitext": [d / "eval.items.jsonl" for d in dirs]} for p, dirs in runs.items()}
+    base = {"wikitext": [out / "base" / "eval.items.jsonl"]}
+    base_ppl = json.loads((out / "base" / "eval.json").read_text())["tasks"]["wikitext"]["perplexity"]
+    lines = ["| precision | seeds | erased: W_up | W_down | W_skip | held-out loss, start → end (mean) | paper PPL (mean) "
+             f"| minus the base ({base_ppl:.2f}) |", "|---|---|---|---|---|---|---|---|"]
+    for precision, dirs in runs.items():
+        summaries = [json.loads((d / "summary.json").read_text()) for d in dirs]
+        erased = [s.get("bf16_erased_update_fraction_by_module") for s in summaries]
+        cells = []
+        for module in ("W_up", "W_down", "W_skip"):
+            shares = [100 * e[module] for e in erased if e]
+            cells.append(f"{min(shares):.1f}–{max(shares):.1f}%" if shares else "–")
+        start = statistics.mean(s["initial_heldout_loss"] for s in summaries)
+        end = statistics.mean(s["final_heldout_loss"] for s in summaries)
+        ppl = statistics.mean(json.loads((d / "eval.json").read_text())["tasks"]["wikitext"]["perplexity"] for d in dirs)
+        (against_base,) = paired_between(base, items[precision], "paper")
+        lines.append(f"| `{precision}` | {len(dirs)} | {' | '.join(cells)} | {start:.3f} → {end:.3f} | {ppl:.2f} | "
+                     f"{describe(against_base, 2)} |")
+    (masters,) = paired_between(items["bf16-true"], items["bf16-frozen"], "paper")
+    return "\n".join(lines) + f"\n\nfp32 master weights minus pure bf16, paper perplexity: **{describe(masters, 2)}**"
+
+
 ROOT = Path(__file__).resolve().parents[1]
 BLOCKS = {  # page -> {block name: what writes it}
     "docs/results/study-cpu.md": {"study-tables": lambda: tables(ROOT / "results" / "study-cpu")},
     "README.md": {"headline": lambda: headline(ROOT / "results" / "study-cpu")},
+    "docs/results/scaling.md": {"scaling-tables": lambda: scaling_tables(ROOT / "results" / "scaling-cpu")},
+    "docs/results/bf16-question.md": {"bf16-table": lambda: bf16_table(ROOT / "results" / "bf16-question")},
 }
 
 
