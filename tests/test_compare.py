@@ -14,7 +14,8 @@ from conftest import data_dir
 
 from preproj.analysis.report import agreement_paragraph, paired_paragraph
 from preproj.cli import main
-from preproj.experiments import compare
+import preproj.analysis.report as report_text
+from preproj.experiments import compare, sweep
 from preproj.experiments.compare import CompareArgs, run_compare
 from preproj.runtime.files import RunLock
 
@@ -120,9 +121,9 @@ def test_compare_writes_table_results_and_plots(tmp_path, tiny_real_vocab_model,
 
 
 def test_times_are_averaged_over_the_runs_that_have_them():
-    assert compare._fmt_seconds(compare._mean_known([100.0, None, 300.0])) == "200s (2 of 3 runs)"
-    assert compare._fmt_seconds(compare._mean_known([100.0, 300.0])) == "200s"
-    assert compare._fmt_seconds(compare._mean_known([None])) == "unknown"
+    assert report_text._fmt_seconds(report_text.mean_known([100.0, None, 300.0])) == "200s (2 of 3 runs)"
+    assert report_text._fmt_seconds(report_text.mean_known([100.0, 300.0])) == "200s"
+    assert report_text._fmt_seconds(report_text.mean_known([None])) == "unknown"
 
 
 def test_precisions_that_load_the_base_differently_are_refused(tmp_path):
@@ -224,11 +225,11 @@ def test_a_sweep_keeps_rows_only_from_the_same_candidates_and_steps(tmp_path):
            "chosen": {"skip": 1e-4}, "precisions": ["fp32"]}
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps(old))
-    merged = compare._merged_with_file(new, path)
+    merged = sweep._merged_with_file(new, path)
     assert merged["heldout_loss"] == {**old["heldout_loss"], **new["heldout_loss"]}
     assert merged["chosen"] == {"lora": 1e-3, "skip": 1e-4} and merged["precisions"] == ["bf16", "fp32"]
     path.write_text(json.dumps({**old, "steps": 16}))
-    assert compare._merged_with_file(new, path) == new
+    assert sweep._merged_with_file(new, path) == new
 
 
 def test_agreement_paragraph_has_no_direction_where_the_paper_saw_no_change():
