@@ -1,4 +1,7 @@
-"""The `preproj` command line: one subcommand per job."""
+"""The `preproj` command line: one subcommand per job.
+
+One small function per command, then the parser that names them all, read in that order; the module is longer than
+the others because the command table is kept in one place rather than spread over files."""
 
 from __future__ import annotations
 

@@ -37,6 +37,9 @@ class Method:
     """(base model, precision, LoRA rank: a number, "paper" or None) -> the model to train, base frozen."""
     save: Callable[[nn.Module, Path], None]
     """(built model, directory) -> writes the method's files (safetensors + JSON); load_adapter reads every one."""
+    trains: tuple[tuple[str, str], ...] = ()
+    """The modules it adds and trains, as (a part of their parameter names, a label): what the bf16 audit counts
+    erased updates of, module by module."""
     has_skip: bool = False
     """Whether the method adds the content skip, whose weight norms by layer training logs and reports."""
 
@@ -106,16 +109,21 @@ def _save_preproj_lora(model: nn.Module, out: Path) -> None:
     _save_lora(model, out / "lora")
 
 
+PREPROJ = (("preproj.up", "W_up"), ("preproj.down", "W_down"))
+SKIP = (("skip", "W_skip"),)
+LORA = (("lora_A", "LoRA A"), ("lora_B", "LoRA B"))
+
 METHODS = {
     m.name: m
     for m in (
         Method("base", "the base model as it is", _build_base, _save_nothing),
-        Method("preproj", "pre-projection", _preproj("preproj"), save_adapter),
-        Method("skip", "content skip only", _preproj("skip"), save_adapter, has_skip=True),
-        Method("preproj+skip", "pre-projection and content skip (the paper's method)", _preproj("preproj+skip"), save_adapter,
-               has_skip=True),
-        Method("lora", "LoRA on the attention projections, rank matched to preproj+skip", _build_lora, _save_lora),
-        Method("preproj+lora", f"pre-projection plus LoRA r={PAPER_LORA_RANK}", _build_preproj_lora, _save_preproj_lora),
+        Method("preproj", "pre-projection", _preproj("preproj"), save_adapter, PREPROJ),
+        Method("skip", "content skip only", _preproj("skip"), save_adapter, SKIP, has_skip=True),
+        Method("preproj+skip", "pre-projection and content skip (the paper's method)", _preproj("preproj+skip"),
+               save_adapter, PREPROJ + SKIP, has_skip=True),
+        Method("lora", "LoRA on the attention projections, rank matched to preproj+skip", _build_lora, _save_lora, LORA),
+        Method("preproj+lora", f"pre-projection plus LoRA r={PAPER_LORA_RANK}", _build_preproj_lora, _save_preproj_lora,
+               PREPROJ + LORA),
     )
 }
 

@@ -6,18 +6,17 @@ from collections.abc import Callable
 
 import torch
 
-AUDITED_MODULES = (("preproj.up", "W_up"), ("preproj.down", "W_down"), ("skip", "W_skip"), ("lora_A", "LoRA A"),
-                   ("lora_B", "LoRA B"))
-
 
 class Bf16Audit:
     """The fraction of adapter updates that bf16 rounding erased, overall and per module (W_up, W_down, W_skip,
     LoRA A, LoRA B): entries whose gradient was non-zero but whose stored value did not change in the optimizer
-    step. `local` gives this process's part of a (possibly sharded) tensor; `sum` adds over processes."""
+    step. `modules` names the kinds, (parameter-name part, label) as the method's registry entry lists them; `local`
+    gives this process's part of a (possibly sharded) tensor; `sum` adds over processes."""
 
-    def __init__(self, params: dict[str, torch.Tensor], local: Callable, sum: Callable):
+    def __init__(self, params: dict[str, torch.Tensor], modules: tuple[tuple[str, str], ...], local: Callable,
+                 sum: Callable):
         self.params, self._before, self._local, self._sum = params, {}, local, sum
-        self.kind = {n: next((k for key, k in AUDITED_MODULES if f".{key}." in f".{n}"), "other") for n in params}
+        self.kind = {n: next((k for key, k in modules if f".{key}." in f".{n}"), "other") for n in params}
         self.counts = {k: [0, 0] for k in dict.fromkeys(self.kind.values())}  # kind -> [erased, moved]
 
     def before(self) -> None:

@@ -143,7 +143,8 @@ def setup(args: TrainArgs, model, tokenizer, device: torch.device) -> Run:
                base=base, wrapped=wrapped, params=params,
                optimizer=make_optimizer(list(params.values()), args.lr, args.weight_decay), data=data,
                data_description=description, config=config,
-               audit=Bf16Audit(params, strategy.local, strategy.sum) if precision.name == "bf16-true" else None)
+               audit=Bf16Audit(params, method(args.method).trains, strategy.local, strategy.sum)
+               if precision.name == "bf16-true" else None)
 
 
 def read_data(args: TrainArgs, tokenizer, world_size: int) -> tuple[dict[str, torch.Tensor], str]:
