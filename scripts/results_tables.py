@@ -123,6 +123,18 @@ def bf16_table(out: Path) -> str:
     return "\n".join(lines) + f"\n\nfp32 master weights minus pure bf16, paper perplexity: **{describe(masters, 2)}**"
 
 
+def comparison_tables(out: Path) -> str:
+    """compare's methods table and the paired differences against the base, as its report renders them from
+    results.json."""
+    from preproj.analysis.report import render_report
+
+    text = render_report(json.loads((out / "results.json").read_text()))
+    blocks = text.split("\n\n")
+    methods = next(b for b in blocks if b.startswith("| method | seeds"))
+    paired = next((b for b in blocks if b.startswith("| method | against")), "")
+    return methods + ("\n\n" + paired if paired else "")
+
+
 ROOT = Path(__file__).resolve().parents[1]
 BLOCKS = {  # page -> {block name: what writes it}
     "docs/results/study-cpu.md": {"study-tables": lambda: tables(ROOT / "results" / "study-cpu")},

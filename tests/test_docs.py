@@ -80,3 +80,9 @@ def test_the_results_tables_are_the_ones_the_committed_results_give():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.stale() == [], "run scripts/results_tables.py: these pages differ from their results JSON"
+
+
+def test_readme_links_point_at_files_that_exist():
+    targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README.read_text())
+    missing = [t for t in targets if not t.startswith("http") and not (ROOT / t).exists()]
+    assert not missing, f"README links to files that do not exist: {missing}"
