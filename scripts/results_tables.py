@@ -123,16 +123,12 @@ def bf16_table(out: Path) -> str:
     return "\n".join(lines) + f"\n\nfp32 master weights minus pure bf16, paper perplexity: **{describe(masters, 2)}**"
 
 
-def comparison_tables(out: Path) -> str:
-    """compare's methods table and the paired differences against the base, as its report renders them from
-    results.json."""
+def comparison_table(out: Path) -> str:
+    """compare's methods table, as its report renders it from results.json."""
     from preproj.analysis.report import render_report
 
-    text = render_report(json.loads((out / "results.json").read_text()))
-    blocks = text.split("\n\n")
-    methods = next(b for b in blocks if b.startswith("| method | seeds"))
-    paired = next((b for b in blocks if b.startswith("| method | against")), "")
-    return methods + ("\n\n" + paired if paired else "")
+    blocks = render_report(json.loads((out / "results.json").read_text())).split("\n\n")
+    return next(b for b in blocks if b.startswith("| method | seeds"))
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,6 +137,7 @@ BLOCKS = {  # page -> {block name: what writes it}
     "README.md": {"headline": lambda: headline(ROOT / "results" / "study-cpu")},
     "docs/results/scaling.md": {"scaling-tables": lambda: scaling_tables(ROOT / "results" / "scaling-cpu")},
     "docs/results/bf16-question.md": {"bf16-table": lambda: bf16_table(ROOT / "results" / "bf16-question")},
+    "docs/results/comparison.md": {"comparison-table": lambda: comparison_table(ROOT / "results" / "compare-cpu")},
 }
 
 

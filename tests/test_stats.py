@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -208,3 +210,12 @@ def test_each_rules_p_value_agrees_with_its_own_interval():
                 q = paired_difference(a, b, accuracy, rule=rule, seed_paired=paired)
                 assert (q.p < 0.05) == (q.low > 0 or q.high < 0), (rule, paired, q)
                 assert q.low <= q.effect <= q.high and 0 <= q.p <= 1
+
+
+def test_an_undefined_p_value_rejects_nothing_and_still_counts_in_its_family():
+    """A comparison on one item has no p-value; the corrections keep it as p = 1 (so the others pay for it) and
+    leave its own adjusted p undefined instead of failing (found by `compare --limit 1`)."""
+    nan = float("nan")
+    assert holm([0.01, nan])[0] == pytest.approx(0.02) and math.isnan(holm([0.01, nan])[1])
+    bh = benjamini_hochberg([0.01, nan, 0.04])
+    assert bh[0] == pytest.approx(0.03) and math.isnan(bh[1]) and bh[2] == pytest.approx(0.06)

@@ -317,8 +317,10 @@ def _compare(ns: argparse.Namespace) -> int:
     if not r.is_main:
         return 0
     print(_report_summary((Path(args.out) / "report.md").read_text()))
-    done = (f"interim report: {len(report['methods'])} methods with finished runs, {len(report['pending'])} run(s) to come"
-            if report["pending"] else f"{len(report['methods'])} methods compared in {report['wall_seconds'] / 60:.1f} min")
+    n, seconds = len(report["methods"]), report["wall_seconds"]
+    done = (f"interim report: {n} methods with finished runs, {len(report['pending'])} run(s) to come"
+            if report["pending"] else f"{n} methods compared"
+            + (f" in {seconds / 60:.1f} min" if seconds is not None else " (report rewritten from finished runs)"))
     print(f"summary: {done}; the full report (paired differences, learning rates, what agrees) is "
           f"{Path(args.out) / 'report.md'}; results.json and the plots are beside it")
     return 0

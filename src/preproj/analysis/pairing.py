@@ -4,6 +4,7 @@ and p-value over items and seeds (analysis.stats), and the verdicts the plan's c
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -140,6 +141,8 @@ def describe_entry(entry: dict) -> str:
     d = digits(entry["metric"])
     f = f"{{:+.{d}f}}"
     q = entry.get("adjusted", {}).get(entry.get("decided_by"))
+    if not math.isfinite(entry["p"]):  # one item, or no variation at all: nothing to test
+        return f"{f.format(entry['effect'])}: no interval ({entry.get('items', '?')} item(s), no variation to test)"
     text = f"{f.format(entry['effect'])} [{f.format(entry['low'])}, {f.format(entry['high'])}] p {entry['p']:.2g}"
     if q is not None:
         text += f", adj. {q:.2g}"

@@ -299,6 +299,18 @@ def intervals_by_rule(a: np.ndarray, b: np.ndarray, statistic: Statistic, *, see
     return found
 
 
+def _undefined_as_one(adjust):
+    """An undefined p-value (a comparison on one item, or with no variation at all) can reject nothing: it keeps its
+    place in the family as p = 1, so the others are corrected for it too, and its own adjusted p stays undefined."""
+    def adjusted(p_values: list[float]) -> list[float]:
+        defined = [p if math.isfinite(p) else 1.0 for p in p_values]
+        return [q if math.isfinite(p) else math.nan for p, q in zip(p_values, adjust(defined))]
+
+    adjusted.__doc__, adjusted.__name__ = adjust.__doc__, adjust.__name__
+    return adjusted
+
+
+@_undefined_as_one
 def holm(p_values: list[float]) -> list[float]:
     """Holm's step-down adjusted p-values (family-wise error), in the input's order."""
     order = np.argsort(p_values)
@@ -309,6 +321,7 @@ def holm(p_values: list[float]) -> list[float]:
     return adjusted
 
 
+@_undefined_as_one
 def benjamini_hochberg(p_values: list[float]) -> list[float]:
     """Benjamini-Hochberg adjusted p-values (false discovery rate), in the input's order."""
     from scipy.stats import false_discovery_control

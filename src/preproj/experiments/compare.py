@@ -134,7 +134,9 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
             raise ValueError(f"No (method, seed) run has finished in {out} yet (METHOD-seedN/result.json); run the "
                              "comparison without --report-only first.")
         seeds = max(sum(r["method"] == m for r in runs) for m in methods)
-    report = summarise(runs, methods, args, eval_cfg["protocol"], limits, time.monotonic() - start, train_args, seeds)
+    # A report-only pass times nothing that was run: its wall time would read as the comparison's.
+    seconds = None if args.report_only else time.monotonic() - start
+    report = summarise(runs, methods, args, eval_cfg["protocol"], limits, seconds, train_args, seeds)
     report.update(pending=pending, sweep=sweep, precision=precision.name, eval_precision=eval_precision.name,
                   device=str(device))
     _add_comparisons(report, runs, methods, eval_cfg["protocol"], out)
@@ -295,8 +297,8 @@ def _read_log(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
-def summarise(runs: list[dict], methods: list[str], args: CompareArgs, protocol: str, limits: dict, seconds: float,
-              train_args: dict, seeds: int) -> dict:
+def summarise(runs: list[dict], methods: list[str], args: CompareArgs, protocol: str, limits: dict,
+              seconds: float | None, train_args: dict, seeds: int) -> dict:
     table = {}
     for method in methods:
         mine = [r for r in runs if r["method"] == method]
