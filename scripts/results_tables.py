@@ -131,13 +131,35 @@ def comparison_table(out: Path) -> str:
     return next(b for b in blocks if b.startswith("| method | seeds"))
 
 
+def bench_table(bench: Path, starts: str) -> str:
+    """One table of the benchmark's own rendering (benchmarks/run.format_table) of its committed JSON: the one whose
+    header row starts with `starts`."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench", bench.parents[1] / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    lines = run.format_table(json.loads(bench.read_text())).splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith(starts))
+    table = [lines[first]]
+    for line in lines[first + 1:]:
+        if not line.startswith("|"):
+            break
+        table.append(line)
+    return "\n".join(table)
+
+
 ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks" / "results" / "bench.json"
 BLOCKS = {  # page -> {block name: what writes it}
     "docs/results/study-cpu.md": {"study-tables": lambda: tables(ROOT / "results" / "study-cpu")},
     "README.md": {"headline": lambda: headline(ROOT / "results" / "study-cpu")},
     "docs/results/scaling.md": {"scaling-tables": lambda: scaling_tables(ROOT / "results" / "scaling-cpu")},
     "docs/results/bf16-question.md": {"bf16-table": lambda: bf16_table(ROOT / "results" / "bf16-question")},
     "docs/results/comparison.md": {"comparison-table": lambda: comparison_table(ROOT / "results" / "compare-cpu")},
+    "docs/results/benchmarks.md": {name: (lambda starts=starts: bench_table(BENCH, starts)) for name, starts in (
+        ("bench-train", "| method | precision"), ("bench-generate", "| dtype"), ("bench-eval", "| task | items"),
+        ("bench-targets", "| target |"))},
 }
 
 

@@ -117,3 +117,21 @@ def test_the_checker_sees_an_upward_arrow(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: text if self == fake else Path.read_bytes(self).decode())
     with pytest.raises(AssertionError, match=r"preproj\.core\.attach -> preproj\.training\.loop"):
         test_imports_point_down(fake)
+
+
+# "About 60" lines per function and 400 per module: the margin keeps a readable function from failing for a few
+# lines; a longer module says why in its docstring ("longer than the others because ...").
+FUNCTION_LINES, MODULE_LINES = 70, 400
+
+
+def test_functions_and_modules_stay_small():
+    long_functions, long_modules = [], []
+    for path in FILES:
+        text = path.read_text()
+        tree = ast.parse(text)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= FUNCTION_LINES:
+                long_functions.append(f"{path.relative_to(SRC)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+        if len(text.splitlines()) > MODULE_LINES and "longer than the others because" not in " ".join((ast.get_docstring(tree) or "").split()):
+            long_modules.append(f"{path.relative_to(SRC)} ({len(text.splitlines())} lines)")
+    assert not long_functions and not long_modules, f"split these, or say why: {long_functions + long_modules}"
