@@ -20,14 +20,26 @@ COLUMNS = [("lambada.acc", "LAMBADA acc"), ("hellaswag.acc_norm", "HellaSwag acc
 SHORT = {"no detectable difference": "not detectable"}
 
 
+def _digits(metric: str) -> int:
+    return 2 if "perplexity" in metric else 3
+
+
+def _interval(entry: dict) -> str:
+    """'+0.058 [+0.038, +0.078]', in the metric's digits."""
+    d = _digits(entry["metric"])
+    return f"{entry['effect']:+.{d}f} [{entry['low']:+.{d}f}, {entry['high']:+.{d}f}]"
+
+
+def _adjusted(entry: dict) -> float:
+    """The p-value the entry's verdict follows: adjusted within the family that decides it."""
+    return entry.get("adjusted", {}).get(entry.get("decided_by"), entry["p"])
+
+
 def _cell(entry: dict) -> str:
-    digits = 2 if "perplexity" in entry["metric"] else 3
-    f = f"{{:+.{digits}f}}"
-    adjusted = entry.get("adjusted", {}).get(entry.get("decided_by"), entry["p"])
-    text = (f"{f.format(entry['effect'])} [{f.format(entry['low'])}, {f.format(entry['high'])}], "
-            f"p {entry['p']:.2g} (adj. {adjusted:.2g}): {SHORT.get(entry['verdict'], entry['verdict'])}")
+    text = (f"{_interval(entry)}, p {entry['p']:.2g} (adj. {_adjusted(entry):.2g}): "
+            f"{SHORT.get(entry['verdict'], entry['verdict'])}")
     if entry["verdict"] == "no detectable difference":
-        text += f" (±{entry['mde']:.{digits}f})"
+        text += f" (±{entry['mde']:.{_digits(entry['metric'])}f})"
     return text + (", fragile" if entry.get("fragile") else "")
 
 
@@ -45,10 +57,8 @@ def paired_table(report: dict) -> str:
 def claims_table(report: dict) -> str:
     lines = ["| claim | family | effect [95% interval] | p (Holm) | verdict |", "|---|---|---|---|---|"]
     for c in report.get("claims", []):
-        digits = 2 if "perplexity" in c["metric"] else 3
-        lines.append(f"| {c['claim']} | {c['family']} | {c['metric']} {c['effect']:+.{digits}f} [{c['low']:+.{digits}f}, "
-                     f"{c['high']:+.{digits}f}] | {c['p']:.2g} ({c['p_adjusted']:.2g}) | {c['verdict']}"
-                     + (", fragile" if c.get("fragile") else "") + " |")
+        lines.append(f"| {c['claim']} | {c['family']} | {c['metric']} {_interval(c)} | {c['p']:.2g} "
+                     f"({c['p_adjusted']:.2g}) | {c['verdict']}" + (", fragile" if c.get("fragile") else "") + " |")
     return "\n".join(lines)
 
 
@@ -66,11 +76,8 @@ def headline(study: Path) -> str:
         if key not in found:
             continue
         e = found[key]
-        digits = 2 if "perplexity" in e["metric"] else 3
-        adjusted = e.get("adjusted", {}).get(e.get("decided_by"), e["p"])
-        lines.append(f"| {key[0]} − {key[1]} | {e['metric']} | {e['seeds'][1]} v {e['seeds'][0]} | "
-                     f"{e['effect']:+.{digits}f} [{e['low']:+.{digits}f}, {e['high']:+.{digits}f}] | {adjusted:.2g} | "
-                     f"{e['verdict']}" + (", fragile" if e.get("fragile") else "") + " |")
+        lines.append(f"| {key[0]} − {key[1]} | {e['metric']} | {e['seeds'][1]} v {e['seeds'][0]} | {_interval(e)} | "
+                     f"{_adjusted(e):.2g} | {e['verdict']}" + (", fragile" if e.get("fragile") else "") + " |")
     return "\n".join(lines)
 
 

@@ -143,3 +143,16 @@ def tiny_model_dir(path: Path, corpus: list[str], family: str = "llama", seed: i
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture
+def registries():
+    """The task and method tables as they were, put back after the test (tests and docs blocks that register a task
+    or a method leave them as they found them)."""
+    from preproj.evaluation.tasks import TASK_TABLE
+    from preproj.methods import METHODS
+
+    tasks, methods = dict(TASK_TABLE), dict(METHODS)
+    yield
+    TASK_TABLE.clear(), TASK_TABLE.update(tasks)
+    METHODS.clear(), METHODS.update(methods)

@@ -23,18 +23,6 @@ def test_readme_is_a_front_door():
     assert len(README.read_text().splitlines()) < 200
 
 
-@pytest.fixture
-def registries():
-    """Blocks that register a task or a method (the contributor's guide) leave the tables as they found them."""
-    from preproj.evaluation.tasks import TASK_TABLE
-    from preproj.methods import METHODS
-
-    tasks, methods = dict(TASK_TABLE), dict(METHODS)
-    yield
-    TASK_TABLE.clear(), TASK_TABLE.update(tasks)
-    METHODS.clear(), METHODS.update(methods)
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize("page, block", BLOCKS, ids=[f"{p.relative_to(ROOT)}-{i}" for i, (p, _) in enumerate(BLOCKS)])
 def test_a_python_block_runs_as_pasted(page, block, tmp_path, monkeypatch, smollm2, registries):

@@ -16,15 +16,6 @@ from preproj.experiments.compare import CompareArgs, run_compare
 from preproj.methods import METHODS, Method, register_method
 
 
-@pytest.fixture
-def registries():
-    """The task and method tables as they were, put back after the test."""
-    tasks, methods = dict(TASK_TABLE), dict(METHODS)
-    yield
-    TASK_TABLE.clear(), TASK_TABLE.update(tasks)
-    METHODS.clear(), METHODS.update(methods)
-
-
 def copy_task(score, protocol, limit, data_dir, items=None, notes=None):
     """Continue "a b c" with " d": the log-likelihood of the continuation and whether greedy decoding hits it."""
     pairs = [score.encode_pair(f"{w} {w} {w}", f" {w}") for w in ("a", "b", "c", "d")[: limit or 4]]
