@@ -10,6 +10,7 @@ from .core.config import PreProjConfig  # noqa: E402
 from .core.families import supported_model_types  # noqa: E402
 from .evaluation.runner import evaluate  # noqa: E402
 from .runtime.loading import load_model  # noqa: E402
+from .standalone import ExportError, export  # noqa: E402
 
 __all__ = [
     "PreProjConfig",
@@ -20,7 +21,9 @@ __all__ = [
     "skip_norms",
     "load_model",
     "evaluate",
+    "export",
     "trainable_parameters",
     "supported_model_types",
     "AdapterError",
+    "ExportError",
 ]

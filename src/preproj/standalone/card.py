@@ -1,0 +1,97 @@
+"""The model card (README.md) of an export: what the model is, how to load it, how it was trained and scored, and
+whose terms apply."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from torch import nn
+
+from ..runtime.loading import EMBEDDED
+
+METHOD_TEXT = {
+    "preproj": "a pre-projection x̃ = x̂ + W_down · act(W_up · x̂) before the attention's Q, K and V",
+    "skip": "a content skip W_skip · x̂ from the attention's normed input, added to the attention output",
+    "preproj+skip": "a pre-projection x̃ = x̂ + W_down · act(W_up · x̂) before the attention's Q, K and V, and a "
+                    "content skip W_skip · x̃ added to the attention output",
+}
+
+
+def model_card(base: nn.Module, config: dict, run_dir: str | os.PathLike | None) -> str:
+    name = getattr(base.config, "_name_or_path", None) or config.get("model_type")
+    embedded = EMBEDDED.get(name)
+    hub_id = embedded.hub_id if embedded else (name if name and not Path(name).exists() else None)
+    name = hub_id or Path(name).name
+    from_scratch = bool(_read(Path(run_dir) / "train_config.json").get("train_base")) if run_dir else False
+    spec = config["preproj"]
+    added = sum(p.numel() for n, p in base.named_parameters() if ".preproj." in n or n.endswith(".skip.weight"))
+    total = sum(p.numel() for n, p in base.named_parameters() if "lora_" not in n)
+    front = ["---", "library_name: transformers", "pipeline_tag: text-generation", "tags:", "- preproj",
+             f"license: {embedded.licence if embedded else 'other'}"] + ([f"base_model: {hub_id}"] if hub_id else [])
+    what = f"A {type(base).__name__} trained from scratch" if from_scratch else name
+    lines = front + ["---", "", f"# {name} with preproj ({spec['mode']})", "",
+                     f"{what} with {METHOD_TEXT[spec['mode']]}, in {len(spec['adapted_layers'])} attention "
+                     f"layers: {added:,} parameters added to the base's {total - added:,}. The modules are nonlinear, "
+                     "so they cannot be merged into the base weights; this directory carries them with "
+                     "`modeling_preproj.py`, which builds the base's own transformers class "
+                     f"(`{type(base).__name__}`) and wraps its attention.", "",
+                     "## Use", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+                     'model = AutoModelForCausalLM.from_pretrained("PATH", trust_remote_code=True)',
+                     'tokenizer = AutoTokenizer.from_pretrained("PATH")', "```", "",
+                     "`trust_remote_code=True` runs `modeling_preproj.py` from this directory: it imports torch and "
+                     "transformers only and is short enough to read before you run it.", ""]
+    lines += _training(run_dir) + _evaluation(run_dir)
+    note = (embedded.licence_note if embedded else "Trained from scratch: its licence is whoever shares it to choose."
+            if from_scratch else f"The licence of the base model ({name}) applies.")
+    lines += ["## Licence", "", f"{note} Exported with preproj, which is MIT-licensed.", ""]
+    return "\n".join(lines)
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _training(run_dir) -> list[str]:
+    if run_dir is None or not (Path(run_dir) / "train_config.json").is_file():
+        return []
+    args, summary = _read(Path(run_dir) / "train_config.json"), _read(Path(run_dir) / "summary.json")
+    heldout = summary.get("final_heldout_loss")
+    rows = [("method", args.get("method")), ("data", args.get("data_description") or args.get("data")),
+            ("steps", args.get("steps")), ("tokens seen", summary.get("tokens_seen")),
+            ("learning rate", args.get("lr")), ("sequences x length", f"{args.get('global_batch_size')} x "
+                                                                      f"{args.get('seq_len')}"),
+            ("precision", args.get("precision")), ("seed", args.get("seed")),
+            ("final held-out loss", f"{heldout:.4f}" if isinstance(heldout, float) else None)]
+    how = ("Trained from scratch with `preproj pretrain`, every weight learning." if args.get("train_base") else
+           "Trained with `preproj train`: the base frozen, only the added modules learning.")
+    return ["## Training", "", how,
+            "", "| setting | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows if v is not None] + [""]
+
+
+def _evaluation(run_dir) -> list[str]:
+    files = sorted(Path(run_dir).glob("eval.*.json")) if run_dir is not None else []
+    rows = []
+    scratch = _read(Path(run_dir) / "summary.json") if run_dir is not None else {}
+    for split, loss in scratch.get("loss", {}).items():  # a pretrain run's own scores of whole texts
+        tokens = scratch.get("scored_tokens", {}).get(split, "")
+        rows.append(f"| {split} text | loss (nats/token) | {loss:.4f} | {tokens} tokens | all windows |")
+    for path in files:
+        record = _read(path)
+        result, setting = record.get("result", {}), record.get("setting", {})
+        for metric, value in result.items():
+            if metric in ("n",) or metric.endswith("_stderr") or not isinstance(value, (int, float)):
+                continue
+            stderr = result.get(f"{metric}_stderr")
+            shown = f"{value:.4f}" + (f" ± {stderr:.4f}" if isinstance(stderr, (int, float)) else "")
+            rows.append(f"| {path.stem.removeprefix('eval.')} | {metric} | {shown} | {result.get('n', '')} | "
+                        f"{setting.get('protocol', '')} |")
+    if not rows:
+        return []
+    return ["## Evaluation", "", "The scores recorded in the run's directory (± one standard error over items where "
+            "given).", "",
+            "| task | metric | value | items | protocol |", "|---|---|---|---|---|"] + rows + [""]

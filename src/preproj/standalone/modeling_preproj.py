@@ -1,0 +1,113 @@
+"""A transformers causal LM with preproj's pre-projection and content skip around its attention layers.
+
+Written into a model directory by `preproj export`; it needs torch and transformers only. Load the directory with
+`AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)`. The model is the base architecture's own
+transformers class; in each adapted layer the attention module is wrapped as preproj's `attach` wraps it:
+
+    x̂  = Norm(x)                                 the block's own attention-input norm
+    x̃  = x̂ + W_down · act(W_up · x̂)             pre-projection, before Q/K/V (and before RoPE)
+    out = x + attn(x̃) + W_skip · x̃              content skip, added to the attention output
+
+In blocks that norm the attention output before the residual add (Gemma 2/3, OLMo 2) the skip is added after that
+norm. K and V come from the base attention on x̃ with the base shapes, so the K/V cache is the base model's.
+config.json's `preproj` entry says which layers are adapted, where they live and the modules' sizes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import LlamaConfig as BaseConfig  # preproj export: the base model's config class
+from transformers import LlamaForCausalLM as BaseForCausalLM  # preproj export: the base model's class
+
+ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+
+
+class PreProjConfig(BaseConfig):
+    """The base model's config, plus `preproj`: {"mode", "hidden_width", "activation", "adapted_layers",
+    "decoder_layers", "attention", "skip_after"}."""
+
+    model_type = "preproj_" + BaseConfig.model_type
+
+
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+class PreProjection(nn.Module):
+    """x̃ = x̂ + W_down · act(W_up · x̂): a residual MLP applied to each position alone, no bias."""
+
+    def __init__(self, d: int, hidden: int, activation: str):
+        super().__init__()
+        self.up = nn.Linear(d, hidden, bias=False)
+        self.down = nn.Linear(hidden, d, bias=False)
+        self.act = ACTIVATIONS[activation]
+
+    def forward(self, x_hat: torch.Tensor) -> torch.Tensor:
+        x = _as(x_hat, self.up.weight.dtype)
+        delta = F.linear(self.act(F.linear(x, self.up.weight)), self.down.weight)
+        return x_hat + _as(delta, x_hat.dtype)
+
+
+class PreProjAttention(nn.Module):
+    """The base attention (kept as `base_layer`) run on x̃, with the skip term W_skip · x̃ added to its output, or
+    handed to the SkipAfterNorm that follows when the block norms the attention output."""
+
+    def __init__(self, base_layer: nn.Module, d: int, spec: dict):
+        super().__init__()
+        self.base_layer = base_layer
+        self.preproj = PreProjection(d, spec["hidden_width"], spec["activation"]) if "preproj" in spec["mode"] else None
+        self.skip = nn.Linear(d, d, bias=False) if "skip" in spec["mode"] else None
+        self.defer_skip = False
+        self.deferred = None
+
+    def forward(self, *args, **kwargs):
+        x_hat = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        x_tilde = self.preproj(x_hat) if self.preproj is not None else x_hat
+        if "hidden_states" in kwargs:
+            kwargs = {**kwargs, "hidden_states": x_tilde}
+        else:
+            args = (x_tilde, *args[1:])
+        out = self.base_layer(*args, **kwargs)
+        if self.skip is None:
+            return out
+        attn_out = out[0] if isinstance(out, tuple) else out
+        skip = _as(F.linear(_as(x_tilde, self.skip.weight.dtype), self.skip.weight), attn_out.dtype)
+        if self.defer_skip:
+            self.deferred = skip
+            return out
+        return (out[0] + skip, *out[1:]) if isinstance(out, tuple) else out + skip
+
+
+class SkipAfterNorm(nn.Module):
+    """The block's attention-output norm (kept as `base_layer`), with the content skip added after it."""
+
+    def __init__(self, base_layer: nn.Module, attention: PreProjAttention):
+        super().__init__()
+        self.base_layer = base_layer
+        self._attention = [attention]  # a plain reference: the attention is registered in its own layer
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        out = self.base_layer(hidden_states, *args, **kwargs)
+        attention = self._attention[0]
+        skip, attention.deferred = attention.deferred, None
+        return out if skip is None else out + skip
+
+
+class PreProjForCausalLM(BaseForCausalLM):
+    config_class = PreProjConfig
+
+    def __init__(self, config: PreProjConfig):
+        super().__init__(config)
+        spec = config.preproj
+        layers = self
+        for name in spec["decoder_layers"].split("."):
+            layers = getattr(layers, name)
+        for i in spec["adapted_layers"]:
+            layer = layers[i]
+            attention = PreProjAttention(getattr(layer, spec["attention"]), config.hidden_size, spec)
+            setattr(layer, spec["attention"], attention)
+            if spec["skip_after"] and attention.skip is not None:
+                attention.defer_skip = True
+                setattr(layer, spec["skip_after"], SkipAfterNorm(getattr(layer, spec["skip_after"]), attention))
