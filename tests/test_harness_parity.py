@@ -70,3 +70,14 @@ def test_parity_with_lm_eval_on_an_adapted_model(smollm2, local_tasks):
     assert_parity(harness, ours)
     base = evaluate(model, tokenizer, ["lambada"], limit=LIMIT["lambada"], data_dir=local_tasks[1], progress=False)
     assert base["tasks"]["lambada"]["perplexity"] != pytest.approx(ours["lambada"]["perplexity"], rel=1e-2)
+
+
+@pytest.mark.integration
+def test_parity_with_lm_eval_on_the_second_embedded_model_adapted(gemma3, local_tasks):
+    """Gemma 3: another tokenizer (262k tokens, a BOS), sliding-window layers, and the skip after the attention-output
+    norm."""
+    model, tokenizer = gemma3
+    adapted = attach(copy.deepcopy(model), PreProjConfig())
+    set_adapter(adapted, "random", std=0.02)
+    harness, ours = run_both(adapted, tokenizer, *local_tasks)
+    assert_parity(harness, ours)

