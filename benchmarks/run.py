@@ -6,6 +6,7 @@ Sections (each prints as it goes; the table and the targets come at the end; JSO
 
   peak      the bf16 and fp32 matmul peak of this machine: the fastest of large square and model-shaped
             products; the train section runs that product in every round next to the steps
+  head      the LM head and loss's share of a frozen-probe training step (time, side by side; FLOPs)
   train     one frozen-probe training step (batch 4 x seq 256: autocast, fused loss, backward, clip,
             AdamW) for preproj+skip, parameter-matched LoRA and the bare base (a frozen base whose
             embedding output requires grad, so backward runs through every layer as for any adapter),
@@ -205,6 +206,41 @@ def bench_train(base, rounds: int, log, peak: dict, batch: int = BATCH, seq: int
             "trainable_params": trainable}
 
 
+def bench_head(base, rounds: int, log, batch: int = BATCH, seq: int = SEQ) -> dict:
+    """The LM head's share of a frozen-probe training step (preproj+skip, fp32 and bf16): the whole step against
+    the same step with the head and loss replaced by a fixed linear function of the final hidden states, timed
+    in interleaved rounds; and its share of the step's FLOPs (FlopCounterMode). What sizes runs on a model
+    whose vocabulary is large (Gemma 3: 262k tokens)."""
+    from preproj.core.loss import body_and_head
+
+    ids = torch.randint(0, base.config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    model, optimizer = training_setup(base, "preproj+skip")
+    body, _ = body_and_head(model)
+    direction = torch.randn(batch, seq, base.config.hidden_size, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+
+    def body_step(precision: str) -> None:
+        with compute_context_for("bf16-mixed" if precision == "bf16" else "fp32", ids.device):
+            hidden = body(input_ids=ids).last_hidden_state
+        (hidden.float() * direction).sum().backward()
+        optimizer.zero_grad(set_to_none=True)
+
+    steps = {f"{part}/{precision}": (lambda p=precision: train_step(model, optimizer, ids, p)) if part == "step"
+             else (lambda p=precision: body_step(p)) for part in ("step", "body") for precision in ("fp32", "bf16")}
+    with FlopCounterMode(display=False) as whole:
+        train_step(model, optimizer, ids, "fp32")
+    with FlopCounterMode(display=False) as without_head:
+        body_step("fp32")
+    flop_share = 1 - without_head.get_total_flops() / whole.get_total_flops()
+    times = interleaved_times(steps, rounds)
+    shares = {p: 1 - paired_ratio(times, f"body/{p}", f"step/{p}") for p in ("fp32", "bf16")}
+    for p in shares:
+        log(f"  {p}: step {statistics.median(times[f'step/{p}']):.2f} s, without the head "
+            f"{statistics.median(times[f'body/{p}']):.2f} s: the head and loss take {shares[p]:.0%} of the step")
+    log(f"  the head's share of the step's matmul FLOPs: {flop_share:.0%} (vocabulary {base.config.vocab_size:,})")
+    return {"batch": batch, "seq_len": seq, "vocab": base.config.vocab_size, "flop_share": flop_share,
+            "time_share": shares, "round_seconds": times}
+
+
 # --- generate, kv ----------------------------------------------------------------------------------
 
 def linear_weights(model) -> int:
@@ -275,7 +311,7 @@ def bench_eval_adapters(base, tokenizer, data: Path, rounds: int, log) -> dict:
     from preproj.core.adapter import load_adapter
     from preproj.methods.lora import merged_for_evaluation
     from preproj.evaluation import evaluate
-    from preproj.methods import build_method, save_method, trained_methods
+    from preproj.methods import build_method, default_methods, save_method
 
     def scorer(model):
         return lambda: evaluate(model, tokenizer, ["lambada", "wikitext"], limit=EVAL_ADAPTER_ITEMS, max_length=2048,
@@ -283,7 +319,7 @@ def bench_eval_adapters(base, tokenizer, data: Path, rounds: int, log) -> dict:
 
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name in trained_methods():
+        for name in (m for m in default_methods() if m != "base"):
             built = build_method(copy.deepcopy(base), name)
             for param_name, param in built.named_parameters():
                 if "lora_B" in param_name:  # B starts at zero; a trained LoRA's is not, and merging must not skip it
@@ -425,7 +461,8 @@ def main() -> None:
     parser.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps")
     parser.add_argument("--data-dir", default=None, help="default: $PREPROJ_DATA_DIR")
     parser.add_argument("--out", default="benchmarks/results/bench.json")
-    parser.add_argument("--only", default="peak,train,generate,kv,eval,eval_adapters,memory", help="comma-separated sections")
+    parser.add_argument("--only", default="peak,train,generate,kv,eval,eval_adapters,memory",
+                        help="comma-separated sections; also head (the LM head's share of a training step)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per figure")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per generation call")
     parser.add_argument("--harness-batch-size", type=int, default=16)
@@ -439,9 +476,10 @@ def main() -> None:
     from preproj.data import resolve_data_dir
 
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
-    unknown = set(sections) - {"peak", "train", "generate", "kv", "eval", "eval_adapters", "memory"}
+    unknown = set(sections) - {"peak", "train", "head", "generate", "kv", "eval", "eval_adapters", "memory"}
     if unknown:
-        raise SystemExit(f"Unknown sections {sorted(unknown)}; choose from peak,train,generate,kv,eval,eval_adapters,memory.")
+        raise SystemExit(f"Unknown sections {sorted(unknown)}; choose from peak,train,head,generate,kv,eval,"
+                         "eval_adapters,memory.")
     data = resolve_data_dir(args.data_dir)
     if data is None and {"eval", "eval_adapters", "memory"} & set(sections):
         raise SystemExit("The eval and memory sections need the data: set --data-dir or PREPROJ_DATA_DIR (../shared/data).")
@@ -465,6 +503,9 @@ def main() -> None:
     if "train" in sections:
         log("train: one frozen-probe step per method and precision, the peak product in every round")
         r["train"] = bench_train(base, args.rounds, log, peak)
+    if "head" in sections:
+        log("head: the LM head's share of a frozen-probe training step")
+        r["head"] = bench_head(base, args.rounds, log)
     if {"generate", "kv", "eval"} & set(sections):  # one adapted model (paper init) serves all three
         adapted = attach(copy.deepcopy(base), PreProjConfig())
     if "generate" in sections:

@@ -89,7 +89,7 @@ def tables(study: Path) -> str:
 def scaling_tables(out: Path) -> str:
     """The scaling report's per-size tables and step times, from its results.json (`preproj scaling`'s own
     renderer), one heading level down."""
-    from preproj.experiments.scaling import report_markdown
+    from preproj.experiments.scaling_report import report_markdown
 
     text = report_markdown(json.loads((out / "results.json").read_text()))
     sections = text.split("\n## ")[1:]

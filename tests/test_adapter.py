@@ -53,7 +53,7 @@ def test_config_round_trips_through_json():
     config = PreProjConfig(mode="skip", expansion=2.0, activation="relu", layers=[3, 1], adapter_dtype=torch.bfloat16)
     assert config.layers == [1, 3] and config.adapter_dtype == "bfloat16"
     assert PreProjConfig.from_json(config.to_json()) == config
-    with pytest.raises(ValueError, match="mode must be one of"):
+    with pytest.raises(ValueError, match="mode must join some of"):
         PreProjConfig(mode="lora")
     with pytest.raises(ValueError, match="Unknown PreProjConfig fields"):
         PreProjConfig.from_dict({"mode": "skip", "rank": 8})

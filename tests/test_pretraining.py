@@ -12,13 +12,14 @@ import preproj
 from preproj.cli import main
 from preproj.methods import build_method
 from preproj.training.scratch import (
-    MODES,
     PretrainArgs,
     Shape,
     build_model,
     count_params,
     matched_plain,
     pretrain,
+    first_token_attention,
+    pretrain_methods,
     train_flops_per_token,
     train_tokenizer,
 )
@@ -37,14 +38,14 @@ def built(shape: Shape, mode: str, tokenizer, context: int = 64):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", pretrain_methods())
 def test_parameter_count_is_the_models(shape, mode, tokenizer):
     shape = replace(shape, vocab=len(tokenizer))
     assert sum(p.numel() for p in built(shape, mode, tokenizer).parameters()) == count_params(shape, mode)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("mode", ["base", "preproj+skip"])
+@pytest.mark.parametrize("mode", pretrain_methods())
 def test_flops_per_token_agree_with_torch_flop_counter(shape, mode, tokenizer):
     """The matcher's count against FlopCounterMode on one forward and backward pass (eager attention, whose
     score products the counter sees as matmuls), every weight trainable."""
@@ -89,7 +90,7 @@ def small_args(out, text_file, **kw) -> PretrainArgs:
     return PretrainArgs(**{**base, **kw})
 
 
-@pytest.mark.parametrize("method", ["preproj+skip", "base"])
+@pytest.mark.parametrize("method", ["preproj+skip", "base", "gate-head", "value-residual", "pre-mlp"])
 def test_pretraining_learns_repeated_text_and_the_model_directory_round_trips(method, text_file, tmp_path):
     summary, model = pretrain(small_args(tmp_path / "run", text_file, method=method), progress=False)
     assert summary["steps"] == 60
@@ -136,3 +137,18 @@ def test_a_pretrain_resumed_with_another_rate_is_refused(text_file, tmp_path):
         pretrain(small_args(tmp_path / "run", text_file, method="preproj+skip", tokens=64 * 8 * 6, save_every=3, lr=1e-2,
                             resume=True), progress=False)
     assert (tmp_path / "run" / "train_config.json").read_text() == recorded
+
+
+def test_the_attention_on_the_first_token_of_uniform_attention_is_the_harmonic_mean(tokenizer):
+    """With Q and K zeroed every score is 0: query q spreads 1/(q+1) over the q+1 positions it sees, so the mean
+    over queries 1..T-1 is (H_T - 1) / (T - 1). The model keeps its own attention implementation afterwards."""
+    shape = replace(SHAPES[1], vocab=len(tokenizer))
+    model = built(shape, "value-residual", tokenizer)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.base_layer.q_proj.weight.zero_()
+    seq = 32
+    sink = first_token_attention(model, tokenizer, CORPUS, seq, 4, torch.device("cpu"), windows=6)
+    harmonic = sum(1 / k for k in range(1, seq + 1))
+    assert sink == pytest.approx([(harmonic - 1) / (seq - 1)] * shape.layers, rel=1e-6)
+    assert model.config._attn_implementation == "sdpa" and model.training

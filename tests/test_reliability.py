@@ -134,7 +134,7 @@ CASES = [
                                       "--out", str(e["root"] / "c3")], "pick two that load the base alike"),
     ("inspect-context-zero", lambda e: ["inspect", "--context", "0"], "argument --context: must be >= 1"),
     ("inspect-new-tokens-negative", lambda e: ["inspect", "--new-tokens", "-1"], "argument --new-tokens: must be >= 1"),
-    ("inspect-mode", lambda e: ["inspect", "--model", e["model"], "--device", "cpu", "--mode", "lora"], "mode must be one of"),
+    ("inspect-mode", lambda e: ["inspect", "--model", e["model"], "--device", "cpu", "--mode", "lora"], "mode must join some of"),
     ("inspect-model-missing", lambda e: ["inspect", "--model", str(e["root"] / "nothing")], "No such directory"),
     ("harness-limit-negative", lambda e: ["harness", "--tasks", "x", "--limit", "-1"], "argument --limit: must be >= 1"),
     ("harness-batch-zero", lambda e: ["harness", "--tasks", "x", "--batch-size", "0"], "argument --batch-size: must be >= 1"),
@@ -171,7 +171,7 @@ def test_the_suite_covers_every_command(monkeypatch):
 
 
 @pytest.mark.parametrize("make, says", [
-    (lambda: PreProjConfig(mode="lora"), "mode must be one of"),
+    (lambda: PreProjConfig(mode="lora"), "mode must join some of"),
     (lambda: PreProjConfig(expansion=0), "expansion must be a positive number"),
     (lambda: PreProjConfig(activation="tanh"), "activation must be one of"),
     (lambda: PreProjConfig(adapter_dtype="int8"), "adapter_dtype must be one of"),

@@ -28,12 +28,18 @@ def test_grid_runs_reports_and_resumes_without_retraining(tmp_path, monkeypatch)
     assert entry["variants"]["base@flops"]["validation_loss"] == entry["variants"]["base@params"]["validation_loss"]
     assert not (tmp_path / "grid" / "1x32" / "base@flops").exists()
     for variant in ("base@params", "skip"):
-        paired = entry["paired"][variant]
-        assert tuple(paired["seeds"]) == (2, 2) and paired["metric"] == "validation loss" and paired["low"] <= paired["high"]
+        paired = entry["paired"]["preproj+skip"][variant]
+        assert tuple(paired["seeds"]) == (2, 2) and paired["metric"] == "1x32 validation loss"
+        assert paired["low"] <= paired["effect"] <= paired["high"] and paired["adjusted"]["against preproj+skip"] >= paired["p"]
+    assert "base@flops" not in entry["paired"]["base@params"]  # the same runs as base@params: nothing to compare
+    assert set(entry["paired"]["base@params"]) == {"skip"}  # preproj+skip against base@params: the first family
+    assert len(entry["variants"]["skip"]["first_token_attention"][0]) == 1  # one layer
     assert 0 < entry["timing"]["adapted_step_seconds"] and entry["timing"]["plain_step_seconds"] > 0
     report = (tmp_path / "grid" / "report.md").read_text()
     assert "| preproj+skip |" in report and "reference" in report and "modules' share" in report
-    for name in ("loss_vs_tokens.png", "loss_vs_flops.png", "skip_norms.png", "results.json"):
+    assert "Holm within 'against preproj+skip' and Holm within 'against base@params'" in report
+    for name in ("loss_vs_tokens.png", "loss_vs_flops.png", "skip_norms.png", "sink.png", "results.json",
+                 "analysis_plan.json"):
         assert (tmp_path / "grid" / name).stat().st_size > 0
 
     def refuse(*a, **k):
@@ -54,3 +60,37 @@ def test_bad_grids_are_refused(sizes, variants, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         parse_sizes(sizes)
         parse_variants(variants)
+
+
+def test_a_sweep_picks_each_variants_rate_on_validation_and_the_declared_plan_drives_the_report(tmp_path, monkeypatch):
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(CORPUS))
+    args = ScalingArgs(out=str(tmp_path / "grid"), sizes="1x32", variants="preproj+skip,gate,pre-mlp", seeds=2,
+                       tokens=8 * 32 * 4, lrs="1e-4,1e-2", sweep_tokens=8 * 32 * 3, data=str(text),
+                       tokenizer="train:300", seq_len=32, batch_size=8, warmup=1, eval_every=2, device="cpu",
+                       precision="fp32", timing_rounds=1)
+    results = run_scaling(args, progress=False)
+    for variant, v in results["sizes"]["1x32"]["variants"].items():
+        sweep = v["sweep"]
+        assert set(sweep) == {"0.0001", "0.01"} and all(len(x) == 1 for x in sweep.values())
+        assert v["lr"] == float(min(sweep, key=lambda r: sweep[r][0]))  # the lowest validation loss decides
+        summary = json.loads((tmp_path / "grid" / "1x32" / variant / "seed1" / "summary.json").read_text())
+        assert summary["pretrain"]["lr"] == v["lr"] and summary["tokens_seen"] == 8 * 32 * 4
+        assert json.loads((tmp_path / "grid" / "1x32" / "sweep" / f"{variant}@0.01" / "seed0" / "summary.json")
+                          .read_text())["tokens_seen"] == 8 * 32 * 3
+    assert {(c["method"], c["reference"]) for c in results["comparisons"]} == {("gate", "preproj+skip"),
+                                                                               ("pre-mlp", "preproj+skip")}
+
+    plan_file = tmp_path / "grid" / "analysis_plan.json"
+    plan = json.loads(plan_file.read_text())
+    plan["families"] = [{"name": "against gate", "correction": "benjamini-hochberg", "reference": "gate"}]
+    plan_file.write_text(json.dumps(plan))
+    monkeypatch.setattr(scaling, "pretrain", lambda *a, **k: (_ for _ in ()).throw(AssertionError("retrained")))
+    again = run_scaling(args, progress=False)
+    assert {(c["method"], c["reference"]) for c in again["comparisons"]} == {("preproj+skip", "gate"),
+                                                                             ("pre-mlp", "gate")}
+    assert "Benjamini-Hochberg within 'against gate'" in (tmp_path / "grid" / "report.md").read_text()
+    rewritten = run_scaling(ScalingArgs(out=str(tmp_path / "grid"), report_only=True))
+    assert [c["p"] for c in rewritten["comparisons"]] == [c["p"] for c in again["comparisons"]]
+    with pytest.raises(ValueError, match="--lrs takes positive learning rates"):
+        scaling.parse_lrs("3e-3,fast")

@@ -139,6 +139,9 @@ def test_paired_t_covers_a_planted_seed_paired_difference_at_its_nominal_rate():
     assert 0.93 <= hits / runs <= 0.97, hits / runs
     big = paired_t([3.0, 3.1, 2.9], [2.8, 2.91, 2.69], higher_is_better=False)
     assert big.verdict == "better" and big.effect == pytest.approx(-0.2, abs=1e-9)
+    from scipy.stats import ttest_rel
+
+    assert big.p == pytest.approx(ttest_rel([2.8, 2.91, 2.69], [3.0, 3.1, 2.9]).pvalue, rel=1e-9)
     same = paired_t([3.0, 3.1, 2.9], [3.0, 3.1, 2.9])
     assert same.effect == 0 and same.verdict == "no detectable difference"
     with pytest.raises(ValueError, match="one value per seed"):

@@ -52,8 +52,10 @@ def test_run_writes_adapter_logs_and_summary(tmp_path, corpus):
         train(args, tiny_model("llama"), CharTokenizer(), progress=False)
 
 
-def test_killed_run_resumes_to_the_same_adapter_bitwise(tmp_path, corpus):
-    full, _ = train(args_for(tmp_path, corpus, out=str(tmp_path / "full")), tiny_model("llama"), CharTokenizer(), progress=False)
+@pytest.mark.parametrize("method", ["preproj+skip", "gate", "value-residual", "pre-mlp"])
+def test_killed_run_resumes_to_the_same_adapter_bitwise(tmp_path, corpus, method):
+    full, _ = train(args_for(tmp_path, corpus, out=str(tmp_path / "full"), method=method), tiny_model("llama"),
+                    CharTokenizer(), progress=False)
     reference = load_file(tmp_path / "full" / "adapter_model.safetensors")
 
     calls = {"n": 0}
@@ -69,14 +71,15 @@ def test_killed_run_resumes_to_the_same_adapter_bitwise(tmp_path, corpus):
 
     body.forward = killed_forward
     with pytest.raises(KeyboardInterrupt):
-        train(args_for(tmp_path, corpus, out=str(tmp_path / "killed")), model, CharTokenizer(), progress=False)
+        train(args_for(tmp_path, corpus, out=str(tmp_path / "killed"), method=method), model, CharTokenizer(),
+              progress=False)
     state = torch.load(tmp_path / "killed" / "checkpoint" / "state.pt", weights_only=True)
     assert state["step"] == 6  # the last checkpoint before the kill (save_every=3)
     shutil.copytree(tmp_path / "killed", tmp_path / "old")  # as if written before the log kept training times
     old_log = [{k: v for k, v in x.items() if k != "seconds"} for x in json.loads(state["log_tail"])]
     torch.save({**state, "log_tail": json.dumps(old_log)}, tmp_path / "old" / "checkpoint" / "state.pt")
-    resumed, _ = train(args_for(tmp_path, corpus, out=str(tmp_path / "killed"), resume=True), tiny_model("llama"),
-                       CharTokenizer(), progress=False)
+    resumed, _ = train(args_for(tmp_path, corpus, out=str(tmp_path / "killed"), resume=True, method=method),
+                       tiny_model("llama"), CharTokenizer(), progress=False)
     result = load_file(tmp_path / "killed" / "adapter_model.safetensors")
     assert set(result) == set(reference) and all(torch.equal(result[k], reference[k]) for k in reference)
     assert resumed["final_heldout_loss"] == full["final_heldout_loss"]
@@ -86,8 +89,8 @@ def test_killed_run_resumes_to_the_same_adapter_bitwise(tmp_path, corpus):
     seconds = [r["seconds"] for r in log[1:]]
     assert seconds == sorted(seconds) and seconds[5] == json.loads(state["log_tail"])[-1]["seconds"] > 0
     assert resumed["train_seconds"] == seconds[-1] > seconds[5]
-    unknown, _ = train(args_for(tmp_path, corpus, out=str(tmp_path / "old"), resume=True), tiny_model("llama"),
-                       CharTokenizer(), progress=False)
+    unknown, _ = train(args_for(tmp_path, corpus, out=str(tmp_path / "old"), resume=True, method=method),
+                       tiny_model("llama"), CharTokenizer(), progress=False)
     assert unknown["train_seconds"] is None and unknown["final_heldout_loss"] == full["final_heldout_loss"]
 
 

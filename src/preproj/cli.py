@@ -223,8 +223,9 @@ def _scaling(ns: argparse.Namespace) -> int:
     args = _args(ns, ScalingArgs)
     results = run_scaling(args)
     print((Path(args.out) / "report.md").read_text())
-    print(f"summary: {len(results['sizes'])} size(s) in {results['wall_seconds'] / 60:.1f} min; report.md, "
-          f"results.json, loss_vs_tokens.png, loss_vs_flops.png, skip_norms.png in {args.out}")
+    what = "report rewritten" if args.report_only else f"in {results['wall_seconds'] / 60:.1f} min"
+    print(f"summary: {len(results['sizes'])} size(s), {len(results['comparisons'])} comparison(s), {what}; "
+          f"report.md, results.json and plots in {args.out}")
     return 0
 
 

@@ -351,8 +351,8 @@ def t_interval(values, confidence: float = 0.95) -> tuple[float, float]:
 
 def paired_t(a, b, *, metric: str = "", higher_is_better: bool = True, confidence: float = 0.95) -> Paired:
     """Effect of B over A from runs paired by seed (a[i] and b[i] share seed i, hence data order): the mean
-    of the per-seed differences with a t interval, and the effect an interval this wide would detect at
-    80% power."""
+    of the per-seed differences with a t interval, its two-sided p-value (undefined where the differences do not
+    vary), and the effect an interval this wide would detect at 80% power."""
     from scipy import stats as scipy_stats
 
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
@@ -367,5 +367,6 @@ def paired_t(a, b, *, metric: str = "", higher_is_better: bool = True, confidenc
     t = scipy_stats.t.ppf(0.5 + confidence / 2, n - 1)
     mde = (t + scipy_stats.t.ppf(0.80, n - 1)) * se
     effect = float(diff.mean())
+    p = float(2 * scipy_stats.t.sf(abs(effect) / se, n - 1)) if se > 0 else math.nan
     return Paired(metric, float(a.mean()), float(b.mean()), effect, effect - t * se, effect + t * se, float(mde), 0,
-                  (n, n), higher_is_better)
+                  (n, n), higher_is_better, p=p, test="seed-paired")

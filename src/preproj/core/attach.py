@@ -12,7 +12,7 @@ from torch import nn
 
 from .config import PreProjConfig
 from .families import check_structure, decoder_layers, family_of, hidden_size
-from .modules import PreProjAttention, SkipAfterNorm
+from .modules import FirstValues, PreProjAttention, SkipAfterNorm, projection
 
 
 def adapted_layers(model: nn.Module) -> list[tuple[int, PreProjAttention]]:
@@ -45,14 +45,23 @@ def attach(model: nn.Module, config: PreProjConfig | None = None) -> nn.Module:
     if bad:
         raise ValueError(f"PreProjConfig.layers {bad} out of range: the model has {len(layers)} layers (0..{len(layers) - 1}).")
 
+    attention = getattr(layers[indices[0]], family.attention) if indices else None
+    if config.gate:
+        projection(attention, family.output_proj, "gated attention", "output")
+    if config.use_value_residual:
+        projection(attention, family.value_proj, "the value residual", "value")
+
     model._preproj_requires_grad = {n: p.requires_grad for n, p in model.named_parameters()}
     model.requires_grad_(False)
     d = hidden_size(model)
     defer = family.skip_after is not None and config.use_skip
+    values = FirstValues()
     for i in indices:
         attn = getattr(layers[i], family.attention)
         device = next(attn.parameters()).device
-        wrapper = PreProjAttention(attn, d, config, device=device, defer_skip=defer)
+        wrapper = PreProjAttention(attn, d, config, device=device, defer_skip=defer, **_block_shape(model, attn, family),
+                                   first_layer=i == indices[0])
+        wrapper._hooks = wrapper.hook_into(layers[i], attn, family.output_proj, family.value_proj, values)
         setattr(layers[i], family.attention, wrapper)
         if defer:
             setattr(layers[i], family.skip_after, SkipAfterNorm(getattr(layers[i], family.skip_after), wrapper))
@@ -61,6 +70,15 @@ def attach(model: nn.Module, config: PreProjConfig | None = None) -> nn.Module:
     if head is not None:
         model._preproj_head_hook = head.register_forward_pre_hook(_contiguous_input)
     return model
+
+
+def _block_shape(model: nn.Module, attention: nn.Module, family) -> dict:
+    """What the block changes size themselves by: the output projection's input width (heads x head_dim), the
+    head count and the model's norm epsilon."""
+    projection = getattr(attention, family.output_proj, None) if family.output_proj else None
+    return {"attention_width": getattr(projection, "in_features", None),
+            "heads": getattr(model.config, "num_attention_heads", None),
+            "norm_eps": getattr(model.config, "rms_norm_eps", None) or 1e-6}
 
 
 def _contiguous_input(module: nn.Module, args: tuple):
@@ -79,6 +97,8 @@ def detach(model: nn.Module) -> nn.Module:
     family = family_of(model)
     layers = decoder_layers(model)
     for i, wrapper in adapted_layers(model):
+        for handle in wrapper._hooks:
+            handle.remove()
         setattr(layers[i], family.attention, wrapper.base_layer)
         norm = getattr(layers[i], family.skip_after, None) if family.skip_after else None
         if isinstance(norm, SkipAfterNorm):

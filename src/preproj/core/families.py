@@ -33,15 +33,19 @@ class Family:
     content skip is added after it, so that it bypasses the attention branch as a whole."""
     decision: str = ""
     """Where the block is not plain pre-norm, what preproj does there and why."""
+    output_proj: str | None = "o_proj"
+    """The attention's output projection (an nn.Linear), whose input gated attention gates; None where unknown."""
+    value_proj: str | None = "v_proj"
+    """The attention's own value projection, whose output the value residual mixes; None where Q, K, V are fused."""
 
 
 _QKVO = r".*\.self_attn\.(base_layer\.)?(q_proj|k_proj|v_proj|o_proj)"
 FAMILIES = (
     Family("gpt_neox", ("gpt_neox",), "gpt_neox.layers", "attention", "input_layernorm",
-           r".*\.attention\.(base_layer\.)?(query_key_value|dense)"),
+           r".*\.attention\.(base_layer\.)?(query_key_value|dense)", output_proj="dense", value_proj=None),
     Family("llama", ("llama", "mistral", "qwen2", "qwen3", "gemma"), "model.layers", "self_attn", "input_layernorm", _QKVO),
     Family("phi3", ("phi3",), "model.layers", "self_attn", "input_layernorm",
-           r".*\.self_attn\.(base_layer\.)?(qkv_proj|o_proj)"),
+           r".*\.self_attn\.(base_layer\.)?(qkv_proj|o_proj)", value_proj=None),
     Family("gemma2", ("gemma2", "gemma3_text"), "model.layers", "self_attn", "input_layernorm", _QKVO,
            skip_after="post_attention_layernorm",
            decision="Gemma-2/3 norm the attention output before the residual add. The skip is added after that "
@@ -52,13 +56,16 @@ FAMILIES = (
            decision="OLMo-2 has no attention-input norm (it norms after attention), so x̂ is the residual stream "
                     "that attention reads, and the skip is added after the attention-output norm, as for Gemma-2."),
     # GPT-J is a parallel block (attention and MLP both read ln_1), where the skip on attention's output is exact.
-    Family("gptj", ("gptj",), "transformer.h", "attn", "ln_1", r".*\.attn\.(base_layer\.)?(q_proj|k_proj|v_proj|out_proj)"),
+    Family("gptj", ("gptj",), "transformer.h", "attn", "ln_1", r".*\.attn\.(base_layer\.)?(q_proj|k_proj|v_proj|out_proj)",
+           output_proj="out_proj"),
     Family("opt", ("opt",), "model.decoder.layers", "self_attn", "self_attn_layer_norm",
            r".*\.self_attn\.(base_layer\.)?(q_proj|k_proj|v_proj|out_proj)", pre_norm_flag="do_layer_norm_before",
+           output_proj="out_proj",
            decision="Post-norm OPT (do_layer_norm_before=False, OPT-350M) feeds attention the un-normed residual "
                     "stream, so there x̂ is that stream, as for OLMo-2; pre-norm OPT is plain."),
     # GPT-2's c_proj also names an MLP layer, hence the anchored attention prefix.
-    Family("gpt2", ("gpt2",), "transformer.h", "attn", "ln_1", r".*\.attn\.(base_layer\.)?(c_attn|c_proj)"),
+    Family("gpt2", ("gpt2",), "transformer.h", "attn", "ln_1", r".*\.attn\.(base_layer\.)?(c_attn|c_proj)",
+           output_proj=None, value_proj=None),  # GPT-2's projections are Conv1D, and Q, K, V one fused c_attn
 )
 
 
@@ -72,7 +79,7 @@ def family_of(model: nn.Module, config=None) -> Family:
     structure = getattr(config or getattr(model, "preproj_config", None), "structure", None)
     if structure:
         return Family("custom", (model_type,), structure["layers"], structure["attention"], structure.get("input_norm"),
-                      lora_targets="")
+                      lora_targets="", output_proj=structure.get("output_proj"), value_proj=structure.get("value_proj"))
     for family in FAMILIES:
         if model_type in family.model_types:
             return family

@@ -33,7 +33,7 @@ from ..analysis.stats import (
 from ..evaluation.runner import evaluate
 from ..evaluation.tasks import columns, default_tasks
 from ..methods.lora import merged_for_evaluation
-from ..methods.registry import METHODS
+from ..methods.registry import METHODS, default_methods
 from ..runtime import distributed as ddist
 from ..runtime.files import atomic_write, write_json
 from ..runtime.loading import load_model
@@ -60,7 +60,8 @@ def run_compare(args: CompareArgs, progress: bool = True) -> dict:
     if args.preset not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {args.preset!r}.")
     preset = PRESETS[args.preset]
-    methods = [m.strip() for m in (args.methods or preset.get("methods") or ",".join(METHODS)).split(",") if m.strip()]
+    methods = [m.strip() for m in (args.methods or preset.get("methods") or ",".join(default_methods())).split(",")
+               if m.strip()]
     if not methods:
         raise ValueError(f"--methods is empty; choose from {', '.join(METHODS)}.")
     for arm in methods:

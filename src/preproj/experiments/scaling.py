@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from ..analysis.stats import describe, paired_t
+from ..analysis.pairing import correct, describe_entry
+from ..analysis.stats import paired_t
 from ..data import resolve_data_dir, training_corpus
 from ..runtime.files import atomic_write, write_json
 from ..runtime.precision import compute_context
@@ -29,10 +30,12 @@ from ..training.scratch import (
     count_params,
     make_tokenizer,
     pretrain,
+    pretrain_methods,
     shape_of,
     shared_fields,
     train_flops_per_token,
 )
+from .scaling_report import distinct, plots, report_markdown
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +52,8 @@ class ScalingArgs:
     """Model sizes, LAYERSxD_MODEL, comma-separated; heads = d_model / 32 (the default is the CPU study's)."""
     variants: str = "preproj+skip,base@params,base@flops,base,skip"
     """preproj+skip, preproj, skip, base (plain, same shape), base@params and base@flops (plain, MLP widened to
-    preproj+skip's parameters or training FLOPs per token)."""
+    preproj+skip's parameters or training FLOPs per token), or a block change (gate, gate-head, value-residual,
+    pre-mlp, preproj+skip+gate)."""
     seeds: int = 3
     """Seeds per variant; seed i sets the initialisation and the data order of every variant's run i."""
     tokens: int = 1_000_000
@@ -65,7 +69,14 @@ class ScalingArgs:
     batch_size: int = 16
     """Sequences per step."""
     lr: float = 3e-3
-    """Peak learning rate, the same for every variant."""
+    """Peak learning rate of every variant, unless --lrs sweeps them."""
+    lrs: str | None = None
+    """Rates to sweep, comma-separated (e.g. 1e-3,3e-3,1e-2): each variant's runs then use the rate whose sweep runs
+    end with the lowest validation loss (raw valid, never the reported test text)."""
+    sweep_tokens: int | None = None
+    """Training tokens per sweep run (default: --tokens)."""
+    sweep_seeds: int = 1
+    """Seeds per swept rate; their mean validation loss decides."""
     warmup: int = 20
     """Warmup steps."""
     precision: str = "auto"
@@ -76,6 +87,9 @@ class ScalingArgs:
     """Held-out loss every N steps (the loss-versus-tokens curves)."""
     timing_rounds: int = 5
     """Rounds of side-by-side step timing (adapted versus plain of the same shape) per size."""
+    report_only: bool = False
+    """Recompute the comparisons from OUT/results.json under OUT/analysis_plan.json and rewrite the report and
+    plots; nothing is trained or timed."""
 
 
 def parse_sizes(text: str) -> list[tuple[int, int]]:
@@ -88,24 +102,70 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
     return sizes
 
 
-VARIANTS = ("preproj+skip", "preproj", "skip", "base", "base@params", "base@flops")
+MATCHED = ("base@params", "base@flops")
 
 
 def parse_variants(text: str) -> list[str]:
+    """Every method `preproj pretrain` builds, and the plain models matched to preproj+skip."""
+    known = (*pretrain_methods(), *MATCHED)
     variants = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [v for v in variants if v not in VARIANTS]
+    bad = [v for v in variants if v not in known]
     if bad or REFERENCE not in variants:
-        raise ValueError(f"--variants takes {', '.join(VARIANTS)} and must include {REFERENCE}; got {text!r}.")
+        raise ValueError(f"--variants takes {', '.join(known)} and must include {REFERENCE}; got {text!r}.")
     return variants
 
 
-def run_args(args: ScalingArgs, size: tuple[int, int], variant: str, seed: int) -> PretrainArgs:
+def parse_lrs(text: str | None) -> list[float]:
+    try:
+        rates = [float(x) for x in (text or "").split(",") if x.strip()]
+    except ValueError:
+        rates = []
+    if text is not None and (not rates or any(not (r > 0 and math.isfinite(r)) for r in rates)):
+        raise ValueError(f"--lrs takes positive learning rates, comma-separated (e.g. 1e-3,3e-3,1e-2); got {text!r}.")
+    return rates
+
+
+def run_args(args: ScalingArgs, size: tuple[int, int], variant: str, seed: int, lr: float | None = None,
+             sweep: bool = False) -> PretrainArgs:
+    """A main run at out/SIZE/VARIANT/seedN, or a sweep run at out/SIZE/sweep/VARIANT@LR/seedN."""
     layers, d = size
     method, _, match = variant.partition("@")
+    lr = args.lr if lr is None else lr
+    where = Path(args.out) / f"{layers}x{d}" / ("sweep" if sweep else "") / (f"{variant}@{lr:g}" if sweep else variant)
     return PretrainArgs(**{
-        **shared_fields(args, PretrainArgs), "out": str(Path(args.out) / f"{layers}x{d}" / variant / f"seed{seed}"),
+        **shared_fields(args, PretrainArgs), "out": str(where / f"seed{seed}"), "lr": lr,
+        "tokens": (args.sweep_tokens or args.tokens) if sweep else args.tokens,
         "layers": layers, "d_model": d, "heads": d // 32, "method": method, "match": match or None,
         "tokenizer": str(Path(args.out) / "tokenizer"), "seed": seed, "save_every": args.eval_every, "resume": True})
+
+
+def default_plan(variants: list[str]) -> dict:
+    """Every variant against preproj+skip and against the parameter-matched plain model (where it is in the grid),
+    seed-paired t on the test loss, Holm within each of the two families."""
+    plain = "base@params" if "base@params" in variants else None
+    families = [{"name": f"against {REFERENCE}", "correction": "holm", "reference": REFERENCE}]
+    if plain:
+        families.append({"name": f"against {plain}", "correction": "holm", "reference": plain})
+    return {"alpha": 0.05, "test": "seed-paired t on the test loss (validation loss for a text without a test split)",
+            "families": families}
+
+
+def analysis_plan(out: Path, variants: list[str]) -> dict:
+    """OUT/analysis_plan.json: written with the default before the first run, read as it is after, so that the
+    families and corrections are declared before any result exists and an edited plan drives the report."""
+    path = out / "analysis_plan.json"
+    if not path.is_file():
+        write_json(path, default_plan(variants))
+    return json.loads(path.read_text())
+
+
+def _run(r: PretrainArgs, progress: bool) -> dict:
+    """The run's summary: read where it finished, else trained (resuming from its checkpoint)."""
+    summary = _finished(Path(r.out))
+    if summary is None:
+        logger.info(f"[scaling] {r.out} (lr {r.lr:g}, {r.tokens:,} tokens) ...")
+        summary, _ = pretrain(r, progress=progress)
+    return summary
 
 
 def _finished(out: Path) -> dict | None:
@@ -158,9 +218,12 @@ def run_scaling(args: ScalingArgs, progress: bool = True) -> dict:
     from ..runtime.precision import precision as as_precision
     from ..runtime.precision import resolve_device
 
-    sizes, variants = parse_sizes(args.sizes), parse_variants(args.variants)
+    if args.report_only:
+        return report_again(Path(args.out))
+    sizes, variants, rates = parse_sizes(args.sizes), parse_variants(args.variants), parse_lrs(args.lrs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    plan = analysis_plan(out, variants)
     device = resolve_device(args.device)
     args = replace(args, precision=as_precision(args.precision, device).name)
     start = time.monotonic()
@@ -171,8 +234,8 @@ def run_scaling(args: ScalingArgs, progress: bool = True) -> dict:
         make_tokenizer(args.tokenizer, texts).save_pretrained(out / "tokenizer")
     tokenizer = AutoTokenizer.from_pretrained(out / "tokenizer")
 
-    # --- fit: every run, skipping finished ones and resuming the rest ---
-    runs, shapes = {}, {}
+    # --- fit: per variant its sweep (when asked) and its runs, skipping finished ones and resuming the rest ---
+    runs, shapes, sweeps = {}, {}, {}
     for size in sizes:
         key = f"{size[0]}x{size[1]}"
         for variant in variants:
@@ -183,30 +246,55 @@ def run_scaling(args: ScalingArgs, progress: bool = True) -> dict:
             shapes[key, variant] = shape
             if same is not None:
                 logger.info(f"[scaling] {key} {variant} is the same model as {same} (same width); its runs are shared")
-                runs[key, variant] = runs[key, same]
+                runs[key, variant], sweeps[key, variant] = runs[key, same], sweeps.get((key, same))
                 continue
-            runs[key, variant] = []
-            for seed in range(args.seeds):
-                r = run_args(args, size, variant, seed)
-                summary = _finished(Path(r.out))
-                if summary is None:
-                    logger.info(f"[scaling] {key} {variant} seed {seed} ...")
-                    summary, _ = pretrain(r, progress=progress)
-                runs[key, variant].append(summary)
-            _write_results(out, args, runs, shapes, {}, start)
+            lr = args.lr
+            if rates:
+                sweeps[key, variant] = {f"{r:g}": [_run(run_args(args, size, variant, seed, r, sweep=True), progress)
+                                                   ["loss"]["validation"] for seed in range(args.sweep_seeds)]
+                                        for r in rates}
+                lr = min(rates, key=lambda r: statistics.mean(sweeps[key, variant][f"{r:g}"]))
+                logger.info(f"[scaling] {key} {variant}: lr {lr:g} (sweep: {sweeps[key, variant]})")
+            runs[key, variant] = [_run(run_args(args, size, variant, seed, lr), progress) for seed in range(args.seeds)]
+            _write_results(out, args, runs, shapes, {}, start, sweeps, plan)
 
     # --- validate: timing, paired differences, report and plots ---
     timing = {}
     for size in sizes:
         key = f"{size[0]}x{size[1]}"
         timing[key] = step_time_share(shapes[key, REFERENCE], tokenizer, args, device)
-    results = _write_results(out, args, runs, shapes, timing, start)
-    _plots(out, results)
-    (out / "report.md").write_text(report_markdown(results))
+    results = _write_results(out, args, runs, shapes, timing, start, sweeps, plan)
+    write_report(out, results)
     return results
 
 
-def _write_results(out: Path, args: ScalingArgs, runs: dict, shapes: dict, timing: dict, start: float) -> dict:
+def write_report(out: Path, results: dict) -> None:
+    plots(out, results)
+    atomic_write(out / "report.md", lambda tmp: Path(tmp).write_text(report_markdown(results)))
+
+
+def report_again(out: Path) -> dict:
+    """results.json's comparisons recomputed under OUT/analysis_plan.json (or, where a grid has none, the default
+    plan, recorded as applied after the runs), and the report rewritten; nothing is trained or timed."""
+    path = out / "results.json"
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist: --report-only rewrites the report of a grid that has run.")
+    results = json.loads(path.read_text())
+    variants = list(dict.fromkeys(v for e in results["sizes"].values() for v in e["variants"]))
+    if (out / "analysis_plan.json").is_file():
+        plan = json.loads((out / "analysis_plan.json").read_text())
+    else:
+        plan = {**default_plan(variants), "declared": "the default plan, applied after the runs"}
+    for entry in results["sizes"].values():
+        entry["paired"] = {}
+    results.update(plan=plan, comparisons=paired_by_plan(results["sizes"], plan))
+    write_json(path, results)
+    write_report(out, results)
+    return results
+
+
+def _write_results(out: Path, args: ScalingArgs, runs: dict, shapes: dict, timing: dict, start: float,
+                   sweeps: dict, plan: dict) -> dict:
     sizes = {}
     for (key, variant), summaries in runs.items():
         shape = shapes[key, variant]
@@ -222,106 +310,53 @@ def _write_results(out: Path, args: ScalingArgs, runs: dict, shapes: dict, timin
             "skip_norms": [s.get("skip_norms") for s in summaries],
             "tokens_per_second": [s["tokens_per_second"] for s in summaries],
             "samples": summaries[0].get("samples") if summaries else None,
+            "lr": summaries[0]["pretrain"]["lr"] if summaries else None,
+            "sweep": sweeps.get((key, variant)),
+            "first_token_attention": [s.get("first_token_attention") for s in summaries],
         }
-    for key, entry in sizes.items():
-        ref = entry["variants"].get(REFERENCE)
-        for variant, v in entry["variants"].items():
-            split = "test" if v["test_loss"] else "validation"  # text files have no separate test text
-            ours, theirs = (ref or {}).get(f"{split}_loss", []), v[f"{split}_loss"]
-            if variant == REFERENCE or not theirs or len(ours) != len(theirs):
-                continue
-            p = paired_t(theirs, ours, metric=f"{split} loss", higher_is_better=False)
-            entry["paired"][variant] = {**p.to_dict(), "text": describe(p, 4)}
-    results = {"args": asdict(args), "sizes": sizes, "wall_seconds": time.monotonic() - start}
+    compared = paired_by_plan(sizes, plan)
+    results = {"args": asdict(args), "plan": plan, "sizes": sizes, "comparisons": compared,
+               "wall_seconds": time.monotonic() - start}
     write_json(out / "results.json", results)
     return results
+
+
+def paired_by_plan(sizes: dict, plan: dict) -> list[dict]:
+    """Each family's comparisons (every variant of every size against the family's reference), seed-paired t
+    intervals with p-values, Holm (or Benjamini-Hochberg) within the family, the verdict from the adjusted p. The
+    effect is the variant's loss minus the reference's: negative means the variant is better. A pair an earlier
+    family compares is not repeated, and a variant that shares its runs with an earlier one (base@flops at
+    base@params's width) is compared once. Each entry also lands in its size's `paired` table."""
+    found, compared = [], set()
+    for family in plan["families"]:
+        reference, members = family["reference"], []
+        for key, entry in sizes.items():
+            for variant in distinct(entry["variants"]):
+                pair = (key, frozenset((variant, reference)))
+                if variant == reference or reference not in entry["variants"] or pair in compared:
+                    continue
+                p = _seed_paired(entry["variants"][reference], entry["variants"][variant], key)
+                if p is not None:
+                    compared.add(pair)
+                    members.append({"method": variant, "reference": reference, "size": key, **p.to_dict(),
+                                    "raw_verdict": p.verdict})
+        correct(members, {"alpha": plan.get("alpha", 0.05),
+                          "families": [{"name": family["name"], "correction": family["correction"], "members": "all"}]})
+        for m in members:
+            m["text"] = describe_entry({**m, "metric": "loss"})
+            sizes[m["size"]]["paired"].setdefault(reference, {})[m["method"]] = m
+        found += members
+    return found
+
+
+def _seed_paired(reference: dict, variant: dict, size: str):
+    split = "test" if variant["test_loss"] else "validation"  # text files have no separate test text
+    a, b = reference[f"{split}_loss"], variant[f"{split}_loss"]
+    if not a or len(a) != len(b):
+        return None
+    return paired_t(a, b, metric=f"{size} {split} loss", higher_is_better=False)
 
 
 def _log(summary: dict) -> list[dict]:
     path = Path(summary["pretrain"]["out"]) / "train_log.jsonl"
     return [x for x in map(json.loads, path.read_text().splitlines()) if "heldout_loss" in x]
-
-
-def report_markdown(results: dict) -> str:
-    a = results["args"]
-    lines = [
-        "# preproj scaling: trained from scratch",
-        "",
-        f"Data {a['data']}, tokenizer {a['tokenizer']}, {a['tokens']:,} training tokens per run "
-        f"({a['batch_size']} x {a['seq_len']} per step), lr {a['lr']} for every variant, {a['precision']}, "
-        f"{a['seeds']} seeds; seed i gives every variant the same data order. Test perplexity on WikiText-2 raw test "
-        "(every full window). The last column is preproj+skip's test loss minus the variant's (nats/token), the mean "
-        "of the seed-paired differences with a t interval: negative means preproj+skip is better, and the verdict is "
-        "preproj+skip's.",
-        "",
-    ]
-    for key, entry in results["sizes"].items():
-        lines += [f"## {key} (layers x d_model)", "",
-                  "| variant | params | train FLOPs/token | val ppl | test ppl | preproj+skip - variant, test loss |",
-                  "|---|---|---|---|---|---|"]
-        for variant, v in entry["variants"].items():
-            val = _mean_sd(v["validation_loss"], exp=True)
-            test = _mean_sd(v["test_loss"], exp=True)
-            paired = entry["paired"].get(variant, {}).get("text", "reference" if variant == REFERENCE else "")
-            lines.append(f"| {variant} | {v['params'] / 1e6:.3f}M | {v['train_flops_per_token'] / 1e6:.2f}M | {val} | "
-                         f"{test} | {paired} |")
-        t = entry.get("timing")
-        if t:
-            lines += ["", f"Step time, side by side in one process: plain {t['plain_step_seconds'] * 1e3:.0f} ms, "
-                          f"preproj+skip {t['adapted_step_seconds'] * 1e3:.0f} ms; the modules' share "
-                          f"{100 * t['modules_share']:.0f}%."]
-        lines.append("")
-    lines += ["![loss versus tokens](loss_vs_tokens.png)", "![loss versus FLOPs](loss_vs_flops.png)",
-              "![skip norms](skip_norms.png)", ""]
-    return "\n".join(lines)
-
-
-def _mean_sd(losses: list[float], exp: bool = False) -> str:
-    if not losses:
-        return "–"
-    values = [math.exp(x) for x in losses] if exp else losses
-    if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
-
-
-def _plots(out: Path, results: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sizes = list(results["sizes"].items())
-    for name, x_of in (("loss_vs_tokens", lambda t, v: t), ("loss_vs_flops", lambda t, v: t * v["train_flops_per_token"])):
-        fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4), squeeze=False)
-        for ax, (key, entry) in zip(axes[0], sizes):
-            for variant, v in entry["variants"].items():
-                curves = [c for c in v["curves"] if c]
-                if not curves:
-                    continue
-                n = min(len(c) for c in curves)
-                xs = [x_of(curves[0][i][0], v) for i in range(n)]
-                ys = [statistics.mean(c[i][1] for c in curves) for i in range(n)]
-                ax.plot(xs, ys, label=variant, marker=".")
-            ax.set_title(key)
-            ax.set_xlabel("training tokens" if name == "loss_vs_tokens" else "training FLOPs")
-            ax.set_ylabel("held-out loss (raw valid), mean over seeds")
-            ax.set_yscale("log")
-            ax.legend()
-        fig.tight_layout()
-        atomic_write(out / f"{name}.png", lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-        plt.close(fig)
-    fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4), squeeze=False)
-    for ax, (key, entry) in zip(axes[0], sizes):
-        for variant, v in entry["variants"].items():
-            norms = [n for n in v["skip_norms"] if n]
-            if norms:
-                ax.plot(range(len(norms[0])), [statistics.mean(col) for col in zip(*norms)], marker="o", label=variant)
-        ax.set_title(key)
-        ax.set_xlabel("layer")
-        ax.set_ylabel("||W_skip||_F, mean over seeds")
-        ax.legend()
-    fig.tight_layout()
-    atomic_write(out / "skip_norms.png", lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
-

@@ -4,6 +4,7 @@ from .registry import (
     METHODS,
     Method,
     build_method,
+    default_methods,
     method,
     paper_lora_rank,
     register_method,
@@ -12,5 +13,5 @@ from .registry import (
     trained_methods,
 )
 
-__all__ = ["METHODS", "Method", "build_method", "method", "paper_lora_rank", "register_method", "save_method",
+__all__ = ["METHODS", "Method", "build_method", "default_methods", "method", "paper_lora_rank", "register_method", "save_method",
            "save_model_dir", "trained_methods"]

@@ -6,6 +6,8 @@
     preproj+skip   both (the paper's method)
     lora           PEFT LoRA on the attention projections, rank matched to preproj+skip's parameters
     preproj+lora   pre-projection plus LoRA r=64 (PAPER.md §2)
+    gate, gate-head, value-residual, pre-mlp, preproj+skip+gate
+                   the block changes the skip is compared with from scratch (docs/guide/variants.md)
 
 The training loop, compare and the benchmark read this table and nothing else about methods.
 """
@@ -42,6 +44,9 @@ class Method:
     erased updates of, module by module."""
     has_skip: bool = False
     """Whether the method adds the content skip, whose weight norms by layer training logs and reports."""
+    compared_by_default: bool = True
+    """Whether `preproj compare` and the benchmark run it when no methods are named: the paper's methods and their
+    baselines; the block changes are compared from scratch (`preproj pretrain`, `preproj scaling`)."""
 
 
 def _preproj(mode: str):
@@ -112,6 +117,9 @@ def _save_preproj_lora(model: nn.Module, out: Path) -> None:
 PREPROJ = (("preproj.up", "W_up"), ("preproj.down", "W_down"))
 SKIP = (("skip", "W_skip"),)
 LORA = (("lora_A", "LoRA A"), ("lora_B", "LoRA B"))
+GATE = (("attn_gate", "W_gate"),)
+VALUE_RESIDUAL = (("value_mix", "λ"),)
+PRE_MLP = (("pre_mlp.up", "pre-MLP up"), ("pre_mlp.down", "pre-MLP down"))
 
 METHODS = {
     m.name: m
@@ -124,6 +132,17 @@ METHODS = {
         Method("lora", "LoRA on the attention projections, rank matched to preproj+skip", _build_lora, _save_lora, LORA),
         Method("preproj+lora", f"pre-projection plus LoRA r={PAPER_LORA_RANK}", _build_preproj_lora, _save_preproj_lora,
                PREPROJ + LORA),
+        # Block changes the content skip is compared with from scratch (docs/guide/variants.md).
+        Method("gate", "gated attention, one sigmoid gate per channel read from the normed input (Qiu et al. 2025)",
+               _preproj("gate"), save_adapter, GATE, compared_by_default=False),
+        Method("gate-head", "gated attention, one gate per head", _preproj("gate-head"), save_adapter, GATE,
+               compared_by_default=False),
+        Method("value-residual", "every layer's values mixed with the first layer's (ResFormer)",
+               _preproj("value-residual"), save_adapter, VALUE_RESIDUAL, compared_by_default=False),
+        Method("pre-mlp", "a half MLP on the residual stream before attention, as many weights as the pre-projection",
+               _preproj("pre-mlp"), save_adapter, PRE_MLP, compared_by_default=False),
+        Method("preproj+skip+gate", "the paper's method with gated attention", _preproj("preproj+skip+gate"),
+               save_adapter, PREPROJ + SKIP + GATE, has_skip=True, compared_by_default=False),
     )
 }
 
@@ -138,6 +157,11 @@ def register_method(entry: Method) -> None:
 def trained_methods() -> tuple[str, ...]:
     """Every method that trains something: all but the base."""
     return tuple(name for name in METHODS if name != "base")
+
+
+def default_methods() -> tuple[str, ...]:
+    """What `preproj compare` runs when no methods are named."""
+    return tuple(name for name, entry in METHODS.items() if entry.compared_by_default)
 
 
 def method(name: str) -> Method:
@@ -167,7 +191,9 @@ def save_model_dir(model: nn.Module, name: str, out: str | Path) -> None:
     out = Path(out)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     wrappers = [n for n, m in base.named_modules() if isinstance(m, PreProjAttention)]
-    added = tuple(f"{w}.{part}." for w in wrappers for part in ("preproj", "skip"))
-    state = {k.replace(".base_layer.", "."): v for k, v in base.state_dict().items() if not k.startswith(added)}
+    added = tuple(f"{w}." for w in wrappers)  # everything a wrapper holds beside its base_layer
+    kept = tuple(f"{w}.base_layer." for w in wrappers)
+    state = {k.replace(".base_layer.", "."): v for k, v in base.state_dict().items()
+             if not k.startswith(added) or k.startswith(kept)}
     base.save_pretrained(out, state_dict=state)
     save_method(model, name, out / ADAPTER_SUBDIR)

@@ -24,6 +24,9 @@ class PreProjPeftConfig(PreProjConfig, PeftConfig):
 
     def __post_init__(self) -> None:
         PreProjConfig.__post_init__(self)
+        if not self.is_paper_mode:
+            raise ValueError(f"The PEFT integration carries the paper's modules (mode preproj, skip or preproj+skip), "
+                             f"not {self.mode!r}: attach the block changes with preproj.attach instead.")
         PeftConfig.__post_init__(self)
         self.peft_type = PEFT_TYPE
         if self.task_type is None:

@@ -77,6 +77,10 @@ def _merged_state(model: nn.Module) -> tuple[nn.Module, dict[str, torch.Tensor]]
                   "model." if lora else "")
         raise ExportError(f"{type(base).__name__} carries no preproj adapter, so there is nothing to export: attach "
                           f"one (preproj.attach) or load one (preproj.load_adapter) first.{advice}")
+    if not base.preproj_config.is_paper_mode:
+        raise ExportError(f"export writes the paper's modules (mode preproj, skip or preproj+skip); this model's mode "
+                          f"{base.preproj_config.mode!r} adds block changes the standalone modeling file does not "
+                          "build yet. Share it as a preproj adapter directory (load_adapter reads it).")
     state = dict(base.state_dict())
     if lora:
         state = _merge_lora(base, state)

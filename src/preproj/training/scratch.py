@@ -18,8 +18,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..core.config import PreProjConfig
+from ..core.config import PreProjConfig, canonical_mode
 from ..data import resolve_data_dir, tokenize_examples, training_corpus, wikitext_lines
+from ..methods.registry import METHODS
 from ..runtime import distributed as ddist
 from ..runtime.files import write_json
 from ..runtime.loading import load_tokenizer
@@ -33,6 +34,7 @@ from .strategy import unsharded
 logger = logging.getLogger(__name__)
 
 MODES = ("base", "preproj", "skip", "preproj+skip")
+"""The paper's modes from scratch; every method whose name is a PreProjConfig mode trains from scratch too."""
 EOS = "<|endoftext|>"
 SAMPLE_PROMPTS = ("The", "In 1990 ,", "He said that")
 
@@ -54,7 +56,8 @@ class PretrainArgs:
     intermediate_size: int | None = None
     """SwiGLU MLP width (default: 8/3 d rounded up to a multiple of 16)."""
     method: str = "preproj+skip"
-    """base (the plain transformer), preproj, skip or preproj+skip, built in and trained from the start."""
+    """base (the plain transformer), preproj, skip, preproj+skip, or a block change it is compared with (gate,
+    gate-head, value-residual, pre-mlp, preproj+skip+gate), built in and trained from the start."""
     match: str | None = None
     """With --method base: params or flops. Widen the plain model's MLP so that its parameters (or training FLOPs
     per token) equal those of the --match-to model of this shape within 2%."""
@@ -135,20 +138,39 @@ def default_intermediate(d: int) -> int:
     return 16 * math.ceil(8 * d / 3 / 16)
 
 
-def _adapter_matmul_params(shape: Shape, mode: str) -> int:
-    return 0 if mode == "base" else PreProjConfig(mode=mode).params_per_layer(shape.d_model)
+def pretrain_methods() -> tuple[str, ...]:
+    """base and every method of the table whose name is one PreProjConfig mode (LoRA adapts a trained base)."""
+    return ("base", *(name for name in METHODS if _is_mode(name)))
+
+
+def _is_mode(name: str) -> bool:
+    try:
+        return canonical_mode(name) == name
+    except ValueError:
+        return False
+
+
+def _added_params(shape: Shape, mode: str, matmul_only: bool = False) -> int:
+    """What the method adds: in one layer, the weights a token is multiplied by; else in the whole model."""
+    if mode == "base":
+        return 0
+    config, width = PreProjConfig(mode=mode), shape.heads * shape.head_dim
+    if matmul_only:
+        return config.matmul_params_per_layer(shape.d_model, width, shape.heads)
+    return config.added_params(shape.layers, shape.d_model, width, shape.heads)
 
 
 def _layer_matmul_params(shape: Shape, mode: str) -> int:
     d, hd = shape.d_model, shape.head_dim
     attention = d * shape.heads * hd * 2 + d * shape.kv_heads * hd * 2  # q, o; k, v
-    return attention + 3 * d * shape.intermediate + _adapter_matmul_params(shape, mode)
+    return attention + 3 * d * shape.intermediate + _added_params(shape, mode, matmul_only=True)
 
 
 def count_params(shape: Shape, mode: str) -> int:
-    """Every parameter: tied embedding, per layer two RMSNorms and the matmuls, the final norm."""
-    return shape.vocab * shape.d_model + shape.layers * (2 * shape.d_model + _layer_matmul_params(shape, mode)) \
-        + shape.d_model
+    """Every parameter: tied embedding, per layer two RMSNorms and the matmuls, the final norm, and what the
+    method adds (its matmuls, a pre-MLP's norm, the value residual's mixing weights)."""
+    return shape.vocab * shape.d_model + shape.layers * (2 * shape.d_model + _layer_matmul_params(shape, "base")) \
+        + shape.d_model + _added_params(shape, mode)
 
 
 def train_flops_per_token(shape: Shape, mode: str, seq_len: int) -> int:
@@ -210,12 +232,13 @@ def build_model(shape: Shape, context: int, tokenizer, seed: int, precision: str
 def _check(args: PretrainArgs) -> None:
     check_args(args)
     as_precision(args.precision)
-    if args.method not in MODES:
-        raise ValueError(f"--method must be one of {', '.join(MODES)}, got {args.method!r}.")
+    methods = pretrain_methods()
+    if args.method not in methods:
+        raise ValueError(f"--method must be one of {', '.join(methods)}, got {args.method!r}.")
     if args.match is not None and args.method != "base":
         raise ValueError("--match builds a plain baseline; use it with --method base.")
-    if args.match_to not in MODES[1:]:
-        raise ValueError(f"--match-to must be one of {', '.join(MODES[1:])}, got {args.match_to!r}.")
+    if args.match_to not in methods[1:]:
+        raise ValueError(f"--match-to must be one of {', '.join(methods[1:])}, got {args.match_to!r}.")
     if args.d_model % args.heads:
         raise ValueError(f"--d-model {args.d_model} is not a multiple of --heads {args.heads}.")
     kv = args.kv_heads or args.heads
@@ -288,12 +311,13 @@ def pretrain(args: PretrainArgs, progress: bool = True) -> tuple[dict, nn.Module
             test = [line for line in wikitext_lines("test", data_dir) if len(line.strip()) > 50]
             scores["test"] = lm_loss(base, tokenizer, test, args.seq_len, args.batch_size, args.precision, device)
         samples = greedy_samples(base, tokenizer, args.sample_tokens) if r.is_main else {}
+        sink = first_token_attention(base, tokenizer, held, args.seq_len, args.batch_size, device)
     summary.update({
         "pretrain": asdict(args), "shape": asdict(shape), **counts, "data": data_desc,
         "loss": {k: v["loss"] for k, v in scores.items()},
         "perplexity": {k: math.exp(v["loss"]) for k, v in scores.items()},
         "scored_tokens": {k: v["tokens"] for k, v in scores.items()},
-        "samples": samples,
+        "samples": samples, "first_token_attention": sink,
     })
     if r.is_main:
         write_json(out / "summary.json", summary)
@@ -317,6 +341,30 @@ def lm_loss(model: nn.Module, tokenizer, lines: list[str], seq_len: int, batch_s
         total, count = total + float(loss) * n, count + n
     model.train(was)
     return {"loss": total / count, "tokens": count}
+
+
+@torch.no_grad()
+def first_token_attention(model: nn.Module, tokenizer, lines: list[str], seq_len: int, batch_size: int,
+                          device: torch.device, windows: int = 32) -> list[float]:
+    """Per layer, the attention probability that queries put on the first token of their window (the "attention
+    sink"), averaged over heads, every query but the first (which can attend nowhere else) and the first `windows`
+    full windows of the held-out text. Eager attention, which hands back its probabilities, for this pass only."""
+    ids, _ = tokenize_examples(lines, tokenizer, seq_len)
+    ids = ids[:windows]
+    implementation, was = model.config._attn_implementation, model.training
+    model.set_attn_implementation("eager")
+    model.eval()
+    try:
+        total = None
+        for i in range(0, len(ids), batch_size):
+            attentions = model(input_ids=ids[i : i + batch_size].to(device), output_attentions=True).attentions
+            batch = torch.stack([a[:, :, 1:, 0].float().sum() for a in attentions])
+            total = batch if total is None else total + batch
+    finally:
+        model.set_attn_implementation(implementation)
+        model.train(was)
+    heads = model.config.num_attention_heads
+    return [float(x) / (len(ids) * heads * (seq_len - 1)) for x in total] if total is not None else []
 
 
 @torch.no_grad()

@@ -1,0 +1,156 @@
+"""The report of `preproj scaling`: report.md's tables (sizes, variants, each family's seed-paired comparisons),
+the curves of loss against tokens and FLOPs, the skip norms and the attention on the first token by depth."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from ..runtime.files import atomic_write
+
+def report_markdown(results: dict) -> str:
+    a, plan = results["args"], results["plan"]
+    rates = (f"each variant at the rate of --lrs {a['lrs']} whose sweep runs ({(a['sweep_tokens'] or a['tokens']):,} "
+             f"tokens, {a['sweep_seeds']} seed(s)) ended with the lowest validation loss (raw valid)"
+             if a.get("lrs") else f"lr {a['lr']} for every variant")
+    correction = {"holm": "Holm", "benjamini-hochberg": "Benjamini-Hochberg"}
+    lines = [
+        "# preproj scaling: trained from scratch",
+        "",
+        f"Data {a['data']}, tokenizer {a['tokenizer']}, {a['tokens']:,} training tokens per run "
+        f"({a['batch_size']} x {a['seq_len']} per step), {rates}, {a['precision']}, {a['seeds']} seeds; seed i gives "
+        "every variant the same data order. Test perplexity on WikiText-2 raw test (every full window). The last "
+        "columns are the variant's test loss minus the reference's (nats/token; negative: the variant is better), the "
+        "mean of the seed-paired differences with a t interval and its p-value, adjusted by "
+        f"{' and '.join(correction[f['correction']] + ' within ' + repr(f['name']) for f in plan['families'])} "
+        f"({plan.get('declared', 'declared in analysis_plan.json before the runs')}); each verdict follows the "
+        "adjusted p.",
+        "",
+    ]
+    for key, entry in results["sizes"].items():
+        refs = [f["reference"] for f in plan["families"]]
+        lines += [f"## {key} (layers x d_model)", "",
+                  "| variant | params | train FLOPs/token | lr | seeds | val ppl | test ppl | "
+                  + " | ".join(f"− {r}, test loss" for r in refs) + " |",
+                  "|---|---|---|---|---|---|---|" + "---|" * len(refs)]
+        for variant, v in entry["variants"].items():
+            cells = [_cell(entry, variant, r) for r in refs]
+            lines.append(f"| {variant} | {v['params'] / 1e6:.3f}M | {v['train_flops_per_token'] / 1e6:.2f}M | "
+                         f"{v.get('lr') or a['lr']:g} | {v['seeds']} | {_mean_sd(v['validation_loss'], exp=True)} | "
+                         f"{_mean_sd(v['test_loss'], exp=True)} | " + " | ".join(cells) + " |")
+        sinks = {variant: _mean_of_layers(v.get("first_token_attention")) for variant, v in entry["variants"].items()}
+        if any(x is not None for x in sinks.values()):
+            lines += ["", "Attention on the first token of a window (mean over layers, heads, later queries, held-out "
+                          "windows and seeds; by layer in sink.png): "
+                      + ", ".join(f"{variant} {x:.3f}" for variant, x in sinks.items() if x is not None) + "."]
+        t = entry.get("timing")
+        if t:
+            lines += ["", f"Step time, side by side in one process: plain {t['plain_step_seconds'] * 1e3:.0f} ms, "
+                          f"preproj+skip {t['adapted_step_seconds'] * 1e3:.0f} ms; the modules' share "
+                          f"{100 * t['modules_share']:.0f}%."]
+        lines.append("")
+    lines += ["![loss versus tokens](loss_vs_tokens.png)", "![loss versus FLOPs](loss_vs_flops.png)",
+              "![skip norms](skip_norms.png)"]
+    if _has_sink(results):
+        lines.append("![attention on the first token](sink.png)")
+    return "\n".join(lines) + "\n"
+
+
+def _has_sink(results: dict) -> bool:
+    return any(_mean_of_layers(v.get("first_token_attention")) is not None for e in results["sizes"].values()
+               for v in e["variants"].values())
+
+
+def _cell(entry: dict, variant: str, reference: str) -> str:
+    if variant == reference:
+        return "reference"
+    if variant in entry["paired"].get(reference, {}):
+        return entry["paired"][reference][variant]["text"]
+    shared = _first_with_the_same_runs(entry["variants"], variant)
+    if shared != variant:
+        return f"the runs of {shared}"
+    if reference in entry["paired"].get(variant, {}):  # compared the other way round, in an earlier family
+        return f"row {reference}, column − {variant}"
+    return ""
+
+
+def distinct(variants: dict) -> list[str]:
+    """The variants that do not share their runs with an earlier one (base@flops at base@params's width)."""
+    return [name for name in variants if _first_with_the_same_runs(variants, name) == name]
+
+
+def _first_with_the_same_runs(variants: dict, name: str) -> str:
+    runs = tuple(variants[name]["validation_loss"])
+    return next(n for n, v in variants.items() if tuple(v["validation_loss"]) == runs)
+
+
+def _mean_of_layers(per_seed: list | None) -> float | None:
+    runs = [r for r in per_seed or [] if r]
+    return statistics.mean(statistics.mean(r) for r in runs) if runs else None
+
+
+def _mean_sd(losses: list[float], exp: bool = False) -> str:
+    if not losses:
+        return "–"
+    values = [math.exp(x) for x in losses] if exp else losses
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def plots(out: Path, results: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = list(results["sizes"].items())
+    for name, x_of in (("loss_vs_tokens", lambda t, v: t), ("loss_vs_flops", lambda t, v: t * v["train_flops_per_token"])):
+        fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4), squeeze=False)
+        for ax, (key, entry) in zip(axes[0], sizes):
+            for variant, v in entry["variants"].items():
+                curves = [c for c in v["curves"] if c]
+                if not curves:
+                    continue
+                n = min(len(c) for c in curves)
+                xs = [x_of(curves[0][i][0], v) for i in range(n)]
+                ys = [statistics.mean(c[i][1] for c in curves) for i in range(n)]
+                ax.plot(xs, ys, label=variant, marker=".")
+            ax.set_title(key)
+            ax.set_xlabel("training tokens" if name == "loss_vs_tokens" else "training FLOPs")
+            ax.set_ylabel("held-out loss (raw valid), mean over seeds")
+            ax.set_yscale("log")
+            ax.legend()
+        fig.tight_layout()
+        atomic_write(out / f"{name}.png", lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+        plt.close(fig)
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4), squeeze=False)
+    for ax, (key, entry) in zip(axes[0], sizes):
+        for variant, v in entry["variants"].items():
+            norms = [n for n in v["skip_norms"] if n]
+            if norms:
+                ax.plot(range(len(norms[0])), [statistics.mean(col) for col in zip(*norms)], marker="o", label=variant)
+        ax.set_title(key)
+        ax.set_xlabel("layer")
+        ax.set_ylabel("||W_skip||_F, mean over seeds")
+        ax.legend()
+    fig.tight_layout()
+    atomic_write(out / "skip_norms.png", lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)
+    if not _has_sink(results):
+        return
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4), squeeze=False)
+    for ax, (key, entry) in zip(axes[0], sizes):
+        for variant, v in entry["variants"].items():
+            runs = [r for r in v.get("first_token_attention") or [] if r]
+            if runs:
+                ax.plot(range(len(runs[0])), [statistics.mean(col) for col in zip(*runs)], marker="o", label=variant)
+        ax.set_title(key)
+        ax.set_xlabel("layer")
+        ax.set_ylabel("attention on the first token, mean over seeds")
+        ax.legend()
+    fig.tight_layout()
+    atomic_write(out / "sink.png", lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)
+
