@@ -18,6 +18,9 @@ import preproj
 from preproj import ExportError, PreProjConfig, attach, export
 from preproj.core.config import MODES
 
+BLOCK_CHANGES = [("all-changes", "llama", "preproj+skip+gate-head+value-residual+pre-mlp", [1, 2]),
+                 ("gate-after-norm", "gemma3_text", "skip+gate+value-residual", None)]
+
 # Runs where `import preproj` fails, so whatever loads is transformers' and the directory's own code.
 CHECK = r"""
 import json, sys, torch
@@ -64,8 +67,11 @@ def randomise(model: torch.nn.Module) -> None:
     """Adapter weights far from their near-zero init, so that a module left out of the export would show."""
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if ".preproj." in name or name.endswith(".skip.weight") or "lora_" in name:
+            if any(part in name for part in (".preproj.", ".attn_gate.", ".pre_mlp.", "lora_")) \
+                    or name.endswith(".skip.weight"):
                 param.normal_(std=0.05)
+            elif name.endswith(".value_mix"):
+                param.uniform_(0.2, 0.8)
 
 
 def reference(model, ids: torch.Tensor) -> dict:
@@ -90,6 +96,12 @@ def exported(tmp_path_factory):
         cases.append({"name": family, "dir": str(export(model, tmp / family)), "ids": ids.tolist(),
                       "resave": family in ("llama", "gemma3_text")})
 
+    for name, family, mode, layers in BLOCK_CHANGES:  # the block changes compared from scratch, through their hooks
+        model = attach(tiny_model(family), PreProjConfig(mode=mode, layers=layers))
+        randomise(model)
+        refs[name] = reference(model, ids)
+        cases.append({"name": name, "dir": str(export(model, tmp / name)), "ids": ids.tolist()})
+
     model = tiny_model("llama")
     attach(model, PreProjConfig(structure={"layers": "model.layers", "attention": "self_attn",
                                            "input_norm": "input_layernorm"}))
@@ -110,7 +122,7 @@ def exported(tmp_path_factory):
     return tmp, refs, run_without_preproj(tmp, cases)
 
 
-@pytest.mark.parametrize("name", [*FAMILY_NAMES, "custom"])
+@pytest.mark.parametrize("name", [*FAMILY_NAMES, "custom", *(case[0] for case in BLOCK_CHANGES)])
 def test_export_computes_what_the_attached_model_computes(exported, name):
     _, refs, results = exported
     got = results[name]

@@ -165,14 +165,11 @@ def test_a_block_without_the_projection_a_change_needs_is_refused_and_left_as_it
     assert not hasattr(model, "preproj_config")
 
 
-def test_peft_and_export_refuse_the_block_changes_with_a_reason(base, tmp_path):
-    from preproj import ExportError, export
+def test_peft_refuses_the_block_changes_with_a_reason():
     from preproj.peft import PreProjPeftConfig
 
     with pytest.raises(ValueError, match="attach the block changes with preproj.attach"):
         PreProjPeftConfig(mode="gate")
-    with pytest.raises(ExportError, match="Share it as a preproj adapter directory"):
-        export(attach(copy.deepcopy(base), PreProjConfig(mode="value-residual")), tmp_path / "out")
 
 
 def test_a_mode_names_its_components_once_in_a_fixed_order():

@@ -17,6 +17,19 @@ METHOD_TEXT = {
     "preproj+skip": "a pre-projection x̃ = x̂ + W_down · act(W_up · x̂) before the attention's Q, K and V, and a "
                     "content skip W_skip · x̃ added to the attention output",
 }
+CHANGE_TEXT = {
+    "gate": "gated attention (the attention output times σ(x̂ W_g), one gate per channel)",
+    "gate-head": "gated attention (one gate σ(x̂ W_g) per head)",
+    "value-residual": "a value residual (each layer's values mixed with the first layer's, V' = λ₁V₁ + λ₂V)",
+    "pre-mlp": "a pre-attention MLP x + ½ W_down · act(W_up · RMSNorm(x))",
+}
+
+
+def method_text(mode: str) -> str:
+    """The paper's modules as they are described, then each block change."""
+    parts = mode.split("+")
+    paper = "+".join(p for p in parts if p in ("preproj", "skip"))
+    return ", and ".join(([METHOD_TEXT[paper]] if paper else []) + [CHANGE_TEXT[p] for p in parts if p in CHANGE_TEXT])
 
 
 def model_card(base: nn.Module, config: dict, run_dir: str | os.PathLike | None) -> str:
@@ -32,7 +45,7 @@ def model_card(base: nn.Module, config: dict, run_dir: str | os.PathLike | None)
              f"license: {embedded.licence if embedded else 'other'}"] + ([f"base_model: {hub_id}"] if hub_id else [])
     what = f"A {type(base).__name__} trained from scratch" if from_scratch else name
     lines = front + ["---", "", f"# {name} with preproj ({spec['mode']})", "",
-                     f"{what} with {METHOD_TEXT[spec['mode']]}, in {len(spec['adapted_layers'])} attention "
+                     f"{what} with {method_text(spec['mode'])}, in {len(spec['adapted_layers'])} attention "
                      f"layers: {added:,} parameters added to the base's {total - added:,}. The modules are nonlinear, "
                      "so they cannot be merged into the base weights; this directory carries them with "
                      "`modeling_preproj.py`, which builds the base's own transformers class "

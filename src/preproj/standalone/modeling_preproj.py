@@ -10,6 +10,12 @@ transformers class; in each adapted layer the attention module is wrapped as pre
 
 In blocks that norm the attention output before the residual add (Gemma 2/3, OLMo 2) the skip is added after that
 norm. K and V come from the base attention on x̃ with the base shapes, so the K/V cache is the base model's.
+A model trained with one of the block changes preproj compares the skip with carries them too, through hooks:
+
+    y ⊙ σ(x̂ W_g)               gated attention: y, the input of the output projection (per channel or per head)
+    V'ₙ = λ₁ V₁ + λ₂ Vₙ         value residual: the value projection's output mixed with the first layer's
+    x ← x + ½ W_down act(W_up RMSNorm(x))    pre-attention MLP, on the residual stream before the block
+
 config.json's `preproj` entry says which layers are adapted, where they live and the modules' sizes.
 """
 
@@ -50,17 +56,78 @@ class PreProjection(nn.Module):
         return x_hat + _as(delta, x_hat.dtype)
 
 
+class PreAttentionMLP(nn.Module):
+    """x + ½ W_down · act(W_up · RMSNorm(x)), on the residual stream before the block."""
+
+    def __init__(self, d: int, hidden: int, activation: str, eps: float):
+        super().__init__()
+        self.norm = nn.RMSNorm(d, eps=eps)
+        self.up = nn.Linear(d, hidden, bias=False)
+        self.down = nn.Linear(hidden, d, bias=False)
+        self.act = ACTIVATIONS[activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(_as(x, self.up.weight.dtype))
+        return x + _as(0.5 * F.linear(self.act(F.linear(h, self.up.weight)), self.down.weight), x.dtype)
+
+
+class FirstValues:
+    """The first adapted layer's values in the current forward pass."""
+
+    tensor = None
+
+
 class PreProjAttention(nn.Module):
     """The base attention (kept as `base_layer`) run on x̃, with the skip term W_skip · x̃ added to its output, or
-    handed to the SkipAfterNorm that follows when the block norms the attention output."""
+    handed to the SkipAfterNorm that follows when the block norms the attention output; and the block changes."""
 
-    def __init__(self, base_layer: nn.Module, d: int, spec: dict):
+    def __init__(self, base_layer: nn.Module, d: int, spec: dict, first_layer: bool):
         super().__init__()
+        parts = spec["mode"].split("+")
         self.base_layer = base_layer
-        self.preproj = PreProjection(d, spec["hidden_width"], spec["activation"]) if "preproj" in spec["mode"] else None
-        self.skip = nn.Linear(d, d, bias=False) if "skip" in spec["mode"] else None
+        self.preproj = PreProjection(d, spec["hidden_width"], spec["activation"]) if "preproj" in parts else None
+        self.skip = nn.Linear(d, d, bias=False) if "skip" in parts else None
+        gate = {"gate": spec.get("attention_width"), "gate-head": spec.get("heads")}
+        width = next((gate[p] for p in parts if p in gate), None)
+        self.attn_gate = nn.Linear(d, width, bias=False) if width else None
+        self.value_mix = nn.Parameter(torch.zeros(2)) if "value-residual" in parts and not first_layer else None
+        self.pre_mlp = PreAttentionMLP(d, spec["hidden_width"], spec["activation"], spec.get("norm_eps", 1e-6)) \
+            if "pre-mlp" in parts else None
+        self.value_residual = "value-residual" in parts
         self.defer_skip = False
         self.deferred = None
+        self.gate_input = None
+        self.values = None
+
+    def hook_into(self, layer: nn.Module, spec: dict, values: FirstValues) -> None:
+        if self.attn_gate is not None:
+            getattr(self.base_layer, spec["output_proj"]).register_forward_pre_hook(self.gate_output)
+        if self.value_residual:
+            self.values = values
+            getattr(self.base_layer, spec["value_proj"]).register_forward_hook(self.mix_values)
+        if self.pre_mlp is not None:
+            layer.register_forward_pre_hook(self.pre_mlp_input, with_kwargs=True)
+
+    def gate_output(self, module: nn.Module, args: tuple):
+        y, weight = args[0], self.attn_gate.weight
+        gate = torch.sigmoid(F.linear(_as(self.gate_input, weight.dtype), weight))
+        if gate.shape[-1] != y.shape[-1]:  # one gate per head
+            gated = (y.unflatten(-1, (gate.shape[-1], -1)) * gate.unsqueeze(-1)).flatten(-2)
+        else:
+            gated = y * gate
+        return (_as(gated, y.dtype), *args[1:])
+
+    def mix_values(self, module: nn.Module, args: tuple, values: torch.Tensor):
+        if self.value_mix is None:  # the first adapted layer: its values are the ones mixed in
+            self.values.tensor = values
+            return None
+        mix = self.value_mix
+        return _as(mix[0] * self.values.tensor + mix[1] * values, values.dtype)
+
+    def pre_mlp_input(self, layer: nn.Module, args: tuple, kwargs: dict):
+        if "hidden_states" in kwargs:
+            return args, {**kwargs, "hidden_states": self.pre_mlp(kwargs["hidden_states"])}
+        return (self.pre_mlp(args[0]), *args[1:]), kwargs
 
     def forward(self, *args, **kwargs):
         x_hat = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
@@ -69,7 +136,11 @@ class PreProjAttention(nn.Module):
             kwargs = {**kwargs, "hidden_states": x_tilde}
         else:
             args = (x_tilde, *args[1:])
-        out = self.base_layer(*args, **kwargs)
+        self.gate_input = x_hat if self.attn_gate is not None else None
+        try:
+            out = self.base_layer(*args, **kwargs)
+        finally:
+            self.gate_input = None
         if self.skip is None:
             return out
         attn_out = out[0] if isinstance(out, tuple) else out
@@ -104,9 +175,12 @@ class PreProjForCausalLM(BaseForCausalLM):
         layers = self
         for name in spec["decoder_layers"].split("."):
             layers = getattr(layers, name)
+        values = FirstValues()
         for i in spec["adapted_layers"]:
             layer = layers[i]
-            attention = PreProjAttention(getattr(layer, spec["attention"]), config.hidden_size, spec)
+            attention = PreProjAttention(getattr(layer, spec["attention"]), config.hidden_size, spec,
+                                         first_layer=i == spec["adapted_layers"][0])
+            attention.hook_into(layer, spec, values)
             setattr(layer, spec["attention"], attention)
             if spec["skip_after"] and attention.skip is not None:
                 attention.defer_skip = True

@@ -77,10 +77,6 @@ def _merged_state(model: nn.Module) -> tuple[nn.Module, dict[str, torch.Tensor]]
                   "model." if lora else "")
         raise ExportError(f"{type(base).__name__} carries no preproj adapter, so there is nothing to export: attach "
                           f"one (preproj.attach) or load one (preproj.load_adapter) first.{advice}")
-    if not base.preproj_config.is_paper_mode:
-        raise ExportError(f"export writes the paper's modules (mode preproj, skip or preproj+skip); this model's mode "
-                          f"{base.preproj_config.mode!r} adds block changes the standalone modeling file does not "
-                          "build yet. Share it as a preproj adapter directory (load_adapter reads it).")
     state = dict(base.state_dict())
     if lora:
         state = _merge_lora(base, state)
@@ -152,9 +148,20 @@ def _config(base: nn.Module, dtype: torch.dtype) -> dict:
             "decoder_layers": family.layers,
             "attention": family.attention,
             "skip_after": family.skip_after if config.use_skip else None,
+            **({} if config.is_paper_mode else _block_changes(base, family)),
         },
     })
     return values
+
+
+def _block_changes(base: nn.Module, family) -> dict:
+    """What the modeling file needs for gated attention, the value residual and the pre-MLP: the projections' names
+    and the sizes the wrappers were built with."""
+    wrapper = adapted_layers(base)[0][1]
+    return {"output_proj": family.output_proj, "value_proj": family.value_proj,
+            "attention_width": wrapper.attn_gate.out_features if base.preproj_config.gate == "elementwise" else None,
+            "heads": wrapper.attn_gate.out_features if base.preproj_config.gate == "head" else None,
+            "norm_eps": wrapper.pre_mlp.norm.eps if wrapper.pre_mlp is not None else None}
 
 
 def modeling_source(base: nn.Module) -> str:
