@@ -230,7 +230,8 @@ def bench_head(base, rounds: int, log, batch: int = BATCH, seq: int = SEQ) -> di
         train_step(model, optimizer, ids, "fp32")
     with FlopCounterMode(display=False) as without_head:
         body_step("fp32")
-    flop_share = 1 - without_head.get_total_flops() / whole.get_total_flops()
+    head_flops = whole.get_total_flops() - without_head.get_total_flops()
+    flop_share = head_flops / whole.get_total_flops()
     times = interleaved_times(steps, rounds)
     shares = {p: 1 - paired_ratio(times, f"body/{p}", f"step/{p}") for p in ("fp32", "bf16")}
     for p in shares:
@@ -238,7 +239,8 @@ def bench_head(base, rounds: int, log, batch: int = BATCH, seq: int = SEQ) -> di
             f"{statistics.median(times[f'body/{p}']):.2f} s: the head and loss take {shares[p]:.0%} of the step")
     log(f"  the head's share of the step's matmul FLOPs: {flop_share:.0%} (vocabulary {base.config.vocab_size:,})")
     return {"batch": batch, "seq_len": seq, "vocab": base.config.vocab_size, "flop_share": flop_share,
-            "time_share": shares, "round_seconds": times}
+            "head_flops": head_flops, "step_flops": whole.get_total_flops(), "time_share": shares,
+            "round_seconds": times}
 
 
 # --- generate, kv ----------------------------------------------------------------------------------

@@ -43,6 +43,18 @@ def test_train_section_counts_exactly_the_matmuls_a_frozen_probe_needs(bench):
     assert base.model.layers[0].self_attn.__class__.__name__ != "PreProjAttention"  # the base was copied, not changed
 
 
+def test_head_section_counts_the_heads_flops(bench):
+    """The head's FLOPs: forward (2 V d per scored position) and the hidden states' gradient (2 V d), nothing for
+    the frozen weight; the body-only step runs exactly the rest."""
+    base = tiny_model("llama")
+    r = bench.bench_head(base, rounds=1, log=lambda msg: None, batch=2, seq=16)
+    assert set(r["time_share"]) == {"fp32", "bf16"} and set(r["round_seconds"]) == {"step/fp32", "step/bf16",
+                                                                                   "body/fp32", "body/bf16"}
+    scored = 2 * (16 - 1)  # every position but the last has a target
+    assert r["head_flops"] == scored * 4 * base.config.vocab_size * base.config.hidden_size
+    assert r["flop_share"] == r["head_flops"] / r["step_flops"]
+
+
 def test_generate_kv_and_the_targets_table(bench):
     base = tiny_model("gpt_neox")
     before = {k: v.clone() for k, v in base.state_dict().items()}
