@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 from dataclasses import replace
 
 import numpy as np
@@ -14,6 +15,7 @@ from conftest import data_dir
 
 from preproj.analysis.report import agreement_paragraph, paired_paragraph
 from preproj.cli import main
+import preproj
 import preproj.analysis.report as report_text
 from preproj.experiments import compare, sweep
 from preproj.experiments.compare import CompareArgs, run_compare
@@ -289,3 +291,45 @@ def test_compare_resumed_with_other_training_arguments_is_refused(tmp_path, tiny
     with pytest.raises(ValueError, match=r"started with other arguments \(steps 2 -> 3\)"):
         run_compare(replace(args, steps=3), progress=False)
     assert run_compare(args, progress=False)["methods"]["skip"]["train_tokens"] == 2 * 2 * 32
+
+
+@pytest.mark.integration
+def test_a_task_added_after_a_run_finished_is_scored_on_its_retrained_weights(tmp_path, tiny_real_vocab_model,
+                                                                              monkeypatch, caplog):
+    """A task the preset gained after the runs finished (as wikitext_file came to the study): --fill-missing
+    retrains each run (its weights are not kept in git), checks the SHA-256 of the retrained weights against the
+    one its other tasks recorded, and only then scores the new task."""
+    small = {**compare.PRESETS["cpu"]["train"], "seq_len": 32, "batch_size": 2, "eval_every": 2, "save_every": 2}
+    monkeypatch.setitem(compare.PRESETS["cpu"], "train", small)
+    monkeypatch.setitem(compare.PRESETS["cpu"], "eval", {**compare.PRESETS["cpu"]["eval"], "max_length": 256})
+    args = CompareArgs(model=tiny_real_vocab_model, methods="base,skip", steps=2, limit=2, data_dir=str(data_dir()),
+                       out=str(tmp_path / "cmp"))
+    run_compare(args, progress=False)
+    skip_dir = tmp_path / "cmp" / "skip-seed42"
+    trained = preproj.load_adapter(preproj.load_model(tiny_real_vocab_model)[0], skip_dir)
+    shutil.rmtree(skip_dir / "checkpoint")
+    (skip_dir / "adapter_model.safetensors").unlink()  # as in git: the weights are not kept
+    monkeypatch.setitem(compare.PRESETS["cpu"], "eval", {**compare.PRESETS["cpu"]["eval"],
+                                                         "extra_tasks": ("wikitext_file",)})
+    assert "wikitext_file" not in run_compare(args, progress=False)["methods"]["skip"]["metrics"]  # not asked
+    filled = run_compare(replace(args, fill_missing=True), progress=False)
+    _, tokenizer = preproj.load_model(tiny_real_vocab_model)
+    direct = preproj.evaluate(trained, tokenizer, ["wikitext_file"], limit=2, max_length=256, data_dir=str(data_dir()),
+                              progress=False)["tasks"]["wikitext_file"]
+    result = json.loads((skip_dir / "result.json").read_text())["tasks"]["wikitext_file"]
+    assert result["word_perplexity"] == direct["word_perplexity"]
+    assert "wikitext_file" in json.loads((tmp_path / "cmp" / "base-seed42" / "result.json").read_text())["tasks"]
+    assert not [p for p in (tmp_path / "cmp").iterdir() if ".retrain-" in p.name]
+    assert filled["methods"]["skip"]["trainable_params"] > 0
+
+    result = json.loads((skip_dir / "result.json").read_text())
+    result["tasks"].pop("wikitext_file")
+    (skip_dir / "result.json").write_text(json.dumps(result))
+    (skip_dir / "eval.wikitext_file.json").unlink()
+    lambada = json.loads((skip_dir / "eval.lambada.json").read_text())
+    lambada["setting"]["weights"] = "0" * 64
+    (skip_dir / "eval.lambada.json").write_text(json.dumps(lambada))
+    with caplog.at_level("WARNING"):
+        run_compare(replace(args, fill_missing=True), progress=False)
+    assert "wikitext_file not scored: the retrained weights differ from the scored ones" in caplog.text
+    assert "wikitext_file" not in json.loads((skip_dir / "result.json").read_text())["tasks"]

@@ -11,9 +11,10 @@ import hashlib
 import json
 import logging
 import math
+import tempfile
 import time
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import numpy as np
@@ -122,7 +123,12 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
         lr = None if method == "base" else fixed_lr or (sweep["chosen"][method] if sweep else train_args["lr"])
         run_dir = out / f"{arm}-seed{seed}"
         if (run_dir / "result.json").is_file():  # resumable: a finished (arm, seed) is not redone
-            runs.append(_finished_run(run_dir, arm, method, seed, lr, check_lr=not args.report_only))
+            run = _finished_run(run_dir, arm, method, seed, lr, check_lr=not args.report_only)
+            missing = [t for t in (*default_tasks(), *eval_cfg.get("extra_tasks", ())) if t not in run["tasks"]]
+            if args.fill_missing and missing and not args.report_only:
+                run = _fill_missing(args, run, method, run_dir, missing, eval_cfg, limits, precision, eval_precision,
+                                    device, r, progress)
+            runs.append(run)
         elif args.report_only:
             pending.append(run_dir.name)
         else:
@@ -211,13 +217,39 @@ def _run_arm(args: CompareArgs, arm: str, method: str, seed: int, lr: float | No
     return result
 
 
+def _fill_missing(args: CompareArgs, run: dict, method: str, run_dir: Path, missing: list[str], eval_cfg: dict,
+                  limits: dict, precision, eval_precision, device, r, progress: bool) -> dict:
+    """A finished run's tasks added since it ran (its weights are not kept): the run retrained from its recorded
+    arguments, and the missing tasks scored only if the retrained weights are the scored ones bit for bit (the
+    SHA-256 its other tasks recorded); else it is left as it was and says why. The base retrains nothing."""
+    recorded = {json.loads(f.read_text())["setting"].get("weights") for f in run_dir.glob("eval.*.json")} - {None}
+    model, tokenizer = load_model(args.model, dtype=precision.weights, device=device)
+    if method != "base":
+        config = json.loads((run_dir / "train_config.json").read_text())
+        known = {f.name for f in fields(TrainArgs)}
+        with tempfile.TemporaryDirectory(dir=run_dir.parent, prefix=f".{run_dir.name}.retrain-") as tmp:
+            _, model = train(TrainArgs(**{**{k: v for k, v in config.items() if k in known}, "out": tmp,
+                                          "resume": False}), model, tokenizer, progress=progress)
+    weights = trained_weights_digest(model)
+    if method != "base" and recorded != {weights}:
+        why = "no task recorded its weights" if not recorded else "the retrained weights differ from the scored ones"
+        logger.warning(f"[compare] {run_dir.name}: {', '.join(missing)} not scored: {why} (the other tasks stand).")
+        return {**run, "unfilled": {"tasks": missing, "why": why}}
+    scored = _evaluate_arm(args, merged_for_evaluation(model), tokenizer, run_dir, weights, eval_cfg, limits,
+                           eval_precision, r, progress, only=missing)[0]
+    run = {**run, "tasks": {**run["tasks"], **scored}}
+    if r.is_main:
+        write_json(run_dir / "result.json", run)
+    return run
+
+
 def _evaluate_arm(args: CompareArgs, model, tokenizer, run_dir: Path, weights: str, eval_cfg: dict, limits: dict,
-                  eval_precision, r, progress: bool) -> tuple[dict, dict]:
+                  eval_precision, r, progress: bool, only: list[str] | None = None) -> tuple[dict, dict]:
     """Every task's metrics and seconds. Each finished task is kept, so an evaluation stopped part-way resumes at the
     task it was in, if the weights are the very ones it scored (a run retrained elsewhere may differ in the last
     bit)."""
     tasks, task_seconds = {}, {}
-    for task in (*default_tasks(), *eval_cfg.get("extra_tasks", ())):
+    for task in only or (*default_tasks(), *eval_cfg.get("extra_tasks", ())):
         limit = limits.get(task if task in limits else task.split("_")[0])  # a variant takes its task's limit
         done_task, items = run_dir / f"eval.{task}.json", run_dir / f"items.{task}.jsonl"
         setting = {"protocol": eval_cfg["protocol"], "limit": limit, "max_length": eval_cfg["max_length"],

@@ -90,6 +90,10 @@ class CompareArgs:
     """Directory laid out as ../shared/data; default $PREPROJ_DATA_DIR."""
     out: str = "runs/compare"
     """Output directory."""
+    fill_missing: bool = False
+    """Score the tasks a finished run lacks (a task the preset added after it ran): retrain it from its recorded
+    arguments, as its weights are not kept, and score them only if the retrained weights are the ones its other tasks
+    scored, bit for bit (their recorded SHA-256); otherwise leave it as it was and say so. The base needs no training."""
     report_only: bool = False
     """Write the report from the (method, seed) runs finished so far in --out, training and evaluating nothing; the
     runs still to come are listed. Safe while the comparison itself runs."""
