@@ -77,7 +77,8 @@ class FirstValues:
 
 
 class PreProjAdapter(nn.Module):
-    """One adapter's modules for one attention layer: the pre-projection and/or the content skip.
+    """One adapter's modules for one attention layer: the pre-projection and/or the content skip, and any block
+    changes (gate, value residual, pre-MLP), which reach into the block through the hooks of `hook_into`.
 
     `around` runs a base attention module with them. The wrapper never depends on the attention's
     signature: it takes `hidden_states` (the keyword, else the first positional argument), replaces it
@@ -134,7 +135,7 @@ class PreProjAdapter(nn.Module):
             kwargs = {**kwargs, "hidden_states": x_tilde}
         else:
             args = (x_tilde, *args[1:])
-        self._gate_input = x_hat if self.attn_gate is not None else None  # read by gate_output_projection's hook
+        self._gate_input = x_hat if self.attn_gate is not None else None  # read by _gate_hook
         try:
             out = base_layer(*args, **kwargs)
         finally:
@@ -143,7 +144,6 @@ class PreProjAdapter(nn.Module):
             return out, None
         attn_out = out[0] if isinstance(out, tuple) else out  # (B, T, d)
         return out, _as(F.linear(_as(x_tilde, self.skip.weight.dtype), self.skip.weight), attn_out.dtype)
-
 
     # --- the hooks of the block changes (installed by hook_into) ---
 
