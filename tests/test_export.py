@@ -239,3 +239,14 @@ def test_the_embedded_model_exports_with_its_tokenizer_licence_and_logits(smollm
                                               "ids": ids.tolist()}])
     assert torch.allclose(torch.tensor(results["smollm2"]["logits"]), refs["logits"], atol=1e-5, rtol=0)
     assert results["smollm2"]["cached"] == refs["cached"]
+
+
+def test_the_card_describes_the_block_changes_and_counts_their_parameters(exported):
+    tmp, _, _ = exported
+    card = (tmp / "all-changes" / "README.md").read_text()
+    config = PreProjConfig(mode="preproj+skip+gate-head+value-residual+pre-mlp")
+    d, heads = 64, 4
+    assert f"{config.added_params(2, d, d, heads):,} parameters added" in card  # layers 1 and 2
+    for words in ("gated attention (one gate", "a value residual", "a pre-attention MLP", "a pre-projection"):
+        assert words in card
+    assert 'AutoTokenizer.from_pretrained("PATH", trust_remote_code=True)' in card

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from torch import nn
 
+from ..core.attach import adapter_state_dict
 from ..runtime.loading import EMBEDDED
 
 METHOD_TEXT = {
@@ -39,7 +40,7 @@ def model_card(base: nn.Module, config: dict, run_dir: str | os.PathLike | None)
     name = hub_id or Path(name).name
     from_scratch = bool(_read(Path(run_dir) / "train_config.json").get("train_base")) if run_dir else False
     spec = config["preproj"]
-    added = sum(p.numel() for n, p in base.named_parameters() if ".preproj." in n or n.endswith(".skip.weight"))
+    added = sum(t.numel() for t in adapter_state_dict(base).values())
     total = sum(p.numel() for n, p in base.named_parameters() if "lora_" not in n)
     front = ["---", "library_name: transformers", "pipeline_tag: text-generation", "tags:", "- preproj",
              f"license: {embedded.licence if embedded else 'other'}"] + ([f"base_model: {hub_id}"] if hub_id else [])
@@ -52,9 +53,10 @@ def model_card(base: nn.Module, config: dict, run_dir: str | os.PathLike | None)
                      f"(`{type(base).__name__}`) and wraps its attention.", "",
                      "## Use", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
                      'model = AutoModelForCausalLM.from_pretrained("PATH", trust_remote_code=True)',
-                     'tokenizer = AutoTokenizer.from_pretrained("PATH")', "```", "",
+                     'tokenizer = AutoTokenizer.from_pretrained("PATH", trust_remote_code=True)', "```", "",
                      "`trust_remote_code=True` runs `modeling_preproj.py` from this directory: it imports torch and "
-                     "transformers only and is short enough to read before you run it.", ""]
+                     "transformers only and is short enough to read before you run it. The tokenizer asks for it too, "
+                     "as transformers reads the model's config (`PreProjConfig`, in that file) to find it.", ""]
     lines += _training(run_dir) + _evaluation(run_dir)
     note = (embedded.licence_note if embedded else "Trained from scratch: its licence is whoever shares it to choose."
             if from_scratch else f"The licence of the base model ({name}) applies.")
