@@ -23,7 +23,8 @@ class InspectArgs:
     model: str = "smollm2-135m"
     """Embedded name, Hugging Face hub id or local directory."""
     mode: str = "preproj+skip"
-    """Adapter mode to inspect."""
+    """Adapter mode to inspect: preproj, skip or preproj+skip, or with block changes joined by '+' (gate,
+    gate-head, value-residual, pre-mlp)."""
     context: int = 1024
     """Context length (tokens, batch 1) at which the K/V cache is measured."""
     prompt: str = "The capital of France is"
