@@ -217,3 +217,33 @@ def test_pretraining_on_two_processes_equals_one_process_at_twice_the_batch(setu
     wa, wb = load_file(root / "pt-one" / "model.safetensors"), load_file(root / "pt-two" / "model.safetensors")
     assert set(wa) == set(wb) and all(torch.allclose(wa[k], wb[k], rtol=0, atol=1e-5) for k in wa)
     assert adapter_of(root / "pt-one" / "adapter").keys() == adapter_of(root / "pt-two" / "adapter").keys()
+
+
+def test_a_block_change_trained_from_scratch_on_two_processes_equals_one_process(setup):
+    """The gate's hook reads the normed input inside the wrapped attention, under DDP with every weight training."""
+    root, _, _ = setup
+    corpus = str(root / "corpus.txt")
+    common = ["pretrain", "--data", corpus, "--tokenizer", "train:300", "--layers", "2", "--d-model", "32", "--heads",
+              "2", "--seq-len", "32", "--tokens", str(4 * 4 * 32), "--lr", "1e-2", "--warmup", "1", "--eval-every", "2",
+              "--eval-batches", "2", "--save-every", "2", "--precision", "fp32", "--device", "cpu", "--sample-tokens", "2",
+              "--method", "preproj+skip+gate"]
+    one, two = root / "gate-one", root / "gate-two"
+    assert main([*common, "--batch-size", "4", "--out", str(one)]) == 0
+    proc = run(preproj_cmd(*common, "--batch-size", "2", "--out", str(two)))
+    assert proc.stdout.count("summary:") == 1
+    for a, b in zip(log_of(one), log_of(two), strict=True):
+        for key in ("loss", "heldout_loss"):
+            assert (key in a) == (key in b) and abs(a.get(key, 0) - b.get(key, 0)) <= 1e-5, (a, b)
+    ta, tb = adapter_of(one / "adapter"), adapter_of(two / "adapter")
+    assert set(ta) == set(tb) and all(torch.allclose(ta[k], tb[k], rtol=0, atol=1e-5) for k in ta)
+
+
+def test_the_value_residual_under_fsdp_equals_one_process(setup, tmp_path):
+    """Layer 0's values feed every later layer, each its own FSDP unit (a frozen base: the λ of every later layer
+    train, sharded with their layer)."""
+    root, model, train = setup
+    args = ["train", "--model", model, *train, "--steps", "4", "--method", "value-residual"]
+    assert main([*args, "--batch-size", "4", "--out", str(tmp_path / "one")]) == 0
+    proc = run(preproj_cmd(*args, "--batch-size", "2", "--strategy", "fsdp", "--out", str(tmp_path / "two")))
+    assert proc.stdout.count("summary:") == 1
+    assert_same_run(tmp_path / "one", tmp_path / "two", 1e-5)
