@@ -125,32 +125,23 @@ def plots(out: Path, results: dict) -> None:
         fig.tight_layout()
         atomic_write(out / f"{name}.png", lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
         plt.close(fig)
+    _by_layer(plt, out / "skip_norms.png", sizes, "skip_norms", "||W_skip||_F, mean over seeds")
+    if _has_sink(results):
+        _by_layer(plt, out / "sink.png", sizes, "first_token_attention", "attention on the first token, mean over seeds")
+
+
+def _by_layer(plt, path: Path, sizes: list, field: str, ylabel: str) -> None:
+    """One panel per size: each variant's per-layer `field`, mean over the seeds that have it."""
     fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4), squeeze=False)
     for ax, (key, entry) in zip(axes[0], sizes):
         for variant, v in entry["variants"].items():
-            norms = [n for n in v["skip_norms"] if n]
-            if norms:
-                ax.plot(range(len(norms[0])), [statistics.mean(col) for col in zip(*norms)], marker="o", label=variant)
-        ax.set_title(key)
-        ax.set_xlabel("layer")
-        ax.set_ylabel("||W_skip||_F, mean over seeds")
-        ax.legend()
-    fig.tight_layout()
-    atomic_write(out / "skip_norms.png", lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
-    if not _has_sink(results):
-        return
-    fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4), squeeze=False)
-    for ax, (key, entry) in zip(axes[0], sizes):
-        for variant, v in entry["variants"].items():
-            runs = [r for r in v.get("first_token_attention") or [] if r]
+            runs = [r for r in v.get(field) or [] if r]
             if runs:
                 ax.plot(range(len(runs[0])), [statistics.mean(col) for col in zip(*runs)], marker="o", label=variant)
         ax.set_title(key)
         ax.set_xlabel("layer")
-        ax.set_ylabel("attention on the first token, mean over seeds")
+        ax.set_ylabel(ylabel)
         ax.legend()
     fig.tight_layout()
-    atomic_write(out / "sink.png", lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
-
