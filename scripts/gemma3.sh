@@ -6,13 +6,8 @@
 #   PREPROJ_DATA_DIR=../shared/data nohup bash scripts/gemma3.sh > gemma3.log 2>&1 &
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib.sh
 out=${OUT:-results/gemma3-cpu}
-commit() { git add -A "$out" && git commit -q -m "gemma3: finished runs so far (autocommit while it runs)" -- "$out" >/dev/null 2>&1 || true; }
-( while sleep "${COMMIT_EVERY:-600}"; do commit; done ) &
-watcher=$!
-trap 'kill $watcher 2>/dev/null' EXIT
-${PREPROJ:-.venv/bin/preproj} compare --preset study --model gemma3-270m --methods base,preproj+skip,skip,lora \
+while_committing "$out" gemma3 \
+    ${PREPROJ:-.venv/bin/preproj} compare --preset study --model gemma3-270m --methods base,preproj+skip,skip,lora \
     --lr-sweep none --seeds 2 --out "$out"
-status=$?
-commit
-exit $status

@@ -6,14 +6,9 @@
 #   PREPROJ_DATA_DIR=../shared/data nohup bash scripts/variants.sh > variants.log 2>&1 &
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib.sh
 out=${OUT:-results/variants-cpu}
-commit() { git add -A "$out" && git commit -q -m "variants: finished runs so far (autocommit while it runs)" -- "$out" >/dev/null 2>&1 || true; }
-( while sleep "${COMMIT_EVERY:-600}"; do commit; done ) &
-watcher=$!
-trap 'kill $watcher 2>/dev/null' EXIT
-${PREPROJ:-.venv/bin/preproj} scaling --out "$out" --sizes 4x128 --seeds 3 --tokens 4000000 --precision bf16-mixed \
+while_committing "$out" variants \
+    ${PREPROJ:-.venv/bin/preproj} scaling --out "$out" --sizes 4x128 --seeds 3 --tokens 4000000 --precision bf16-mixed \
     --variants preproj+skip,base@params,skip,preproj,gate,value-residual,pre-mlp,preproj+skip+gate \
     --lrs 1e-3,3e-3,1e-2 --sweep-tokens 1000000
-status=$?
-commit
-exit $status

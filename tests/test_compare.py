@@ -333,3 +333,14 @@ def test_a_task_added_after_a_run_finished_is_scored_on_its_retrained_weights(tm
         run_compare(replace(args, fill_missing=True), progress=False)
     assert "wikitext_file not scored: the retrained weights differ from the scored ones" in caplog.text
     assert "wikitext_file" not in json.loads((skip_dir / "result.json").read_text())["tasks"]
+
+    # A machine that does not reproduce the run is found at the first step whose loss differs, not after training.
+    log = [json.loads(line) for line in (skip_dir / "train_log.jsonl").read_text().splitlines()]
+    log[1]["loss"] += 2**-20
+    (skip_dir / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        run_compare(replace(args, fill_missing=True), progress=False)
+    assert f"the retrain departs from the recorded run (step 1 loss {log[1]['loss'] - 2**-20!r}, recorded" in caplog.text
+    assert "wikitext_file" not in json.loads((skip_dir / "result.json").read_text())["tasks"]
+    assert not [p for p in (tmp_path / "cmp").iterdir() if ".retrain-" in p.name]

@@ -132,3 +132,25 @@ def test_coverage_map_subset_welch_undercovers_where_one_arms_seeds_dominate_and
     # no seed variance: the chosen rule still covers (it pays for that elsewhere with width)
     none = coverage.cell_coverage("ratio", 62, (3, 3), (0.0, 0.0), 0.0, 0.0, sims=300, seed=2)
     assert none[f"item-and-seed: {RULE}"]["coverage"] >= 0.94
+
+
+def test_a_study_script_commits_its_runs_while_it_runs_and_keeps_the_commands_status(tmp_path):
+    """scripts/lib.sh: what a long study has finished is in git before it ends, and its exit status is the study's."""
+    lib = Path(__file__).resolve().parents[1] / "scripts" / "lib.sh"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run([*git, "-C", str(tmp_path), "commit", "-q", "--allow-empty", "-m", "start"], check=True)
+    study = "mkdir -p out; echo 1 > out/first; sleep 3; echo 2 > out/second; exit 3"
+    env = {"PATH": "/usr/bin:/bin", "COMMIT_EVERY": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(tmp_path)}
+    done = subprocess.run(["bash", "-c", f'source "{lib}"; while_committing out demo sh -c "{study}"'], cwd=tmp_path,
+                          env=env)
+    assert done.returncode == 3
+    log = subprocess.run(["git", "-C", str(tmp_path), "log", "--format=%s", "--name-only"], capture_output=True,
+                         text=True, check=True).stdout
+    commits = log.split("demo: finished runs so far")
+    assert len(commits) >= 3, log  # at least one while running, one at the end
+    assert "out/first" in log and "out/second" in log
+    assert "out/second" not in commits[-1]  # the first commit (last in the log) came before the study ended
+    assert not subprocess.run(["git", "-C", str(tmp_path), "status", "--porcelain"], capture_output=True,
+                              text=True).stdout

@@ -227,9 +227,16 @@ def _fill_missing(args: CompareArgs, run: dict, method: str, run_dir: Path, miss
     if method != "base":
         config = json.loads((run_dir / "train_config.json").read_text())
         known = {f.name for f in fields(TrainArgs)}
-        with tempfile.TemporaryDirectory(dir=run_dir.parent, prefix=f".{run_dir.name}.retrain-") as tmp:
-            _, model = train(TrainArgs(**{**{k: v for k, v in config.items() if k in known}, "out": tmp,
-                                          "resume": False}), model, tokenizer, progress=progress)
+        log = run_dir / "train_log.jsonl"
+        try:
+            with tempfile.TemporaryDirectory(dir=run_dir.parent, prefix=f".{run_dir.name}.retrain-") as tmp:
+                _, model = train(TrainArgs(**{**{k: v for k, v in config.items() if k in known}, "out": tmp,
+                                              "resume": False}), model, tokenizer, progress=progress,
+                                 on_record=following(log) if log.is_file() else None)
+        except DepartsFromRecord as departure:
+            why = f"the retrain departs from the recorded run ({departure}), so its weights cannot be the scored ones"
+            logger.warning(f"[compare] {run_dir.name}: {', '.join(missing)} not scored: {why} (the other tasks stand).")
+            return {**run, "unfilled": {"tasks": missing, "why": why}}
     weights = trained_weights_digest(model)
     if method != "base" and recorded != {weights}:
         why = "no task recorded its weights" if not recorded else "the retrained weights differ from the scored ones"
@@ -286,6 +293,23 @@ def _write_report(report: dict, runs: list[dict], methods: list[str], out: Path,
         plot_paired(report["paired"], out / "paired.png")
     text = render_report(report)
     atomic_write(out / "report.md", lambda tmp: Path(tmp).write_text(text))
+
+
+class DepartsFromRecord(RuntimeError):
+    """A retrain whose log differs from the run it repeats (another CPU's kernels, another library version)."""
+
+
+def following(recorded_log: Path):
+    """A train() on_record that stops a retrain at its first loss differing, in any bit, from the recorded log's:
+    on a machine that does not reproduce the run, the retrain ends after a step instead of after all of them."""
+    recorded = {r["step"]: r for r in map(json.loads, recorded_log.read_text().splitlines())}
+
+    def check(record: dict) -> None:
+        for key in ("heldout_loss", "loss"):
+            was = recorded.get(record["step"], {}).get(key)
+            if key in record and was is not None and record[key] != was:
+                raise DepartsFromRecord(f"step {record['step']} {key} {record[key]!r}, recorded {was!r}")
+    return check
 
 
 def trained_weights_digest(model) -> str:

@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -70,6 +71,7 @@ class Run:
     log: list[dict] = field(default_factory=list)
     trackers: Trackers | None = None
     audit: Bf16Audit | None = None
+    on_record: Callable[[dict], None] | None = None
 
     @property
     def checkpoint(self) -> Path:
@@ -85,12 +87,15 @@ class Run:
         return method(self.args.method).has_skip
 
 
-def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True) -> tuple[dict, nn.Module]:
+def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True,
+          on_record: Callable[[dict], None] | None = None) -> tuple[dict, nn.Module]:
     """Run one frozen-probe training; returns (summary.json's contents, the trained model).
 
     Under torchrun every process calls this with the same arguments; the model returned is the
     unwrapped one (for FSDP, still sharded). OUT is owned by this run while it lasts (a second run on
-    it is refused), and SIGINT or SIGTERM stop it after the current step with a checkpoint to resume."""
+    it is refused), and SIGINT or SIGTERM stop it after the current step with a checkpoint to resume.
+    on_record sees each record as it enters train_log.jsonl (step 0's held-out loss first); an exception it raises
+    ends the run there."""
     check_train_args(args)
     device = resolve_device(args.device)
     args = replace(args, precision=as_precision(args.precision, device).name)  # 'auto' resolved once, and recorded
@@ -101,6 +106,7 @@ def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True) ->
             raise ValueError(f"{out} already holds a run; pass --resume to continue it or choose another --out.")
         wall_start = time.monotonic()
         run = setup(args, model, tokenizer, device)
+        run.on_record = on_record
         start_or_resume(run, hold)
         fit(run, stop, progress)
         return finish(run, wall_start), run.model
@@ -173,6 +179,8 @@ def start_or_resume(run: Run, hold: contextlib.ExitStack) -> None:
             logger.info("resumed from %s at step %d", run.checkpoint, run.step)
     else:
         run.log = [{"step": 0, "tokens": 0, "heldout_loss": validate(run)}]
+        if run.on_record:
+            run.on_record(run.log[0])
     if is_main:  # drop lines written after the checkpoint
         (run.out / "train_log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in run.log))
     tracked = parse_report_to(args.report_to)
@@ -266,6 +274,8 @@ def log_step(run: Run, record: dict) -> None:
     if run.strategy.ranks.is_main:
         with open(run.out / "train_log.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
+    if run.on_record:
+        run.on_record(record)
     if run.trackers is not None:
         tracked_norms = run.has_skip and not run.strategy.sharded
         norms = {f"skip_norm/layer_{i}": v for i, v in enumerate(skip_norms(run.base))} if tracked_norms else {}
@@ -324,6 +334,7 @@ def finish(run: Run, wall_start: float) -> dict:
         "wall_seconds": time.monotonic() - wall_start,
         "train_seconds": log[-1].get("seconds"),
         "precision": run.precision.name, "device": str(run.device), "world_size": strategy.ranks.world_size,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # which kernels: another set rounds otherwise
         "strategy": args.strategy, "data": run.data_description,
     }
     if run.audit:

@@ -1,0 +1,23 @@
+# Sourced by the study scripts (study.sh, gemma3.sh, variants.sh): a long study commits its finished runs while it
+# runs, so a session that ends part-way loses at most COMMIT_EVERY seconds of results, and the next session resumes.
+
+# commit_runs DIR LABEL: what DIR holds now, as one commit (nothing new: no commit).
+commit_runs() {
+    git add -A "$1" && git commit -q -m "$2: finished runs so far (autocommit while it runs)" -- "$1" >/dev/null 2>&1 ||
+        true
+}
+
+# while_committing DIR LABEL COMMAND...: runs COMMAND, committing DIR every COMMIT_EVERY seconds and when it
+# ends; returns COMMAND's status.
+while_committing() {
+    local out=$1 label=$2 status
+    shift 2
+    ( while sleep "${COMMIT_EVERY:-600}"; do commit_runs "$out" "$label"; done ) &
+    watcher=$!
+    trap 'kill $watcher 2>/dev/null' EXIT
+    "$@"
+    status=$?
+    kill $watcher 2>/dev/null
+    commit_runs "$out" "$label"
+    return $status
+}
