@@ -342,5 +342,6 @@ def test_a_task_added_after_a_run_finished_is_scored_on_its_retrained_weights(tm
     with caplog.at_level("WARNING"):
         run_compare(replace(args, fill_missing=True), progress=False)
     assert f"the retrain departs from the recorded run (step 1 loss {log[1]['loss'] - 2**-20!r}, recorded" in caplog.text
+    assert "trained with the kernels this process runs, so something else changed" in caplog.text
     assert "wikitext_file" not in json.loads((skip_dir / "result.json").read_text())["tasks"]
     assert not [p for p in (tmp_path / "cmp").iterdir() if ".retrain-" in p.name]

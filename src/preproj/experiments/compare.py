@@ -18,6 +18,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ..analysis.pairing import analysis_plan, column_names, paired_comparisons
 from ..analysis.paper import (
@@ -234,7 +235,8 @@ def _fill_missing(args: CompareArgs, run: dict, method: str, run_dir: Path, miss
                                               "resume": False}), model, tokenizer, progress=progress,
                                  on_record=following(log) if log.is_file() else None)
         except DepartsFromRecord as departure:
-            why = f"the retrain departs from the recorded run ({departure}), so its weights cannot be the scored ones"
+            why = (f"the retrain departs from the recorded run ({departure}), so its weights cannot be the scored ones"
+                   f"; {_kernels_hint(run_dir)}")
             logger.warning(f"[compare] {run_dir.name}: {', '.join(missing)} not scored: {why} (the other tasks stand).")
             return {**run, "unfilled": {"tasks": missing, "why": why}}
     weights = trained_weights_digest(model)
@@ -310,6 +312,21 @@ def following(recorded_log: Path):
             if key in record and was is not None and record[key] != was:
                 raise DepartsFromRecord(f"step {record['step']} {key} {record[key]!r}, recorded {was!r}")
     return check
+
+
+def _kernels_hint(run_dir: Path) -> str:
+    """Where a retrain's first bits differ, the usual cause is the CPU kernels torch chose; it can be told to use
+    another set (ATEN_CPU_CAPABILITY, read when torch starts)."""
+    summary = run_dir / "summary.json"
+    trained = json.loads(summary.read_text()).get("cpu_capability") if summary.is_file() else None
+    here = torch.backends.cpu.get_cpu_capability()
+    if trained and trained != here:
+        return (f"it was trained with {trained} kernels, this process runs {here}: "
+                f"rerun with ATEN_CPU_CAPABILITY={trained.lower()}")
+    if trained:
+        return "it was trained with the kernels this process runs, so something else changed (torch, data, code)"
+    return (f"its kernels were not recorded; this process runs {here}, "
+            "and ATEN_CPU_CAPABILITY=avx2 (or default) selects others")
 
 
 def trained_weights_digest(model) -> str:
