@@ -1,6 +1,11 @@
 # Sourced by the study scripts (study.sh, gemma3.sh, variants.sh): a long study commits its finished runs while it
 # runs, so a session that ends part-way loses at most COMMIT_EVERY seconds of results, and the next session resumes.
 
+# The studies run with torch's AVX2 kernels, which every machine of this project has: a run resumed or repeated on
+# another machine then gives the same bits (AVX-512 kernels round otherwise from the first step), as a resume and
+# compare --fill-missing need. The study's first runs were trained with them.
+export ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-avx2}
+
 # commit_runs DIR LABEL: what DIR holds now, as one commit (nothing new: no commit).
 commit_runs() {
     git add -A "$1" && git commit -q -m "$2: finished runs so far (autocommit while it runs)" -- "$1" >/dev/null 2>&1 ||

@@ -5,8 +5,5 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
-# The first runs were trained with torch's AVX2 kernels. With them an AVX-512 machine repeats those runs bit for bit
-# (checked on their first steps), which --fill-missing needs; its own AVX-512 kernels round otherwise from step 0.
-export ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-avx2}
 out=${OUT:-results/study-cpu}
 while_committing "$out" study ${PREPROJ:-.venv/bin/preproj} compare --preset study --out "$out" "$@"
