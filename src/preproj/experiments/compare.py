@@ -7,18 +7,15 @@ the paper's claims), results.json, skip_norms.{png,json}, paired.png and trainin
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
-import tempfile
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ..analysis.pairing import analysis_plan, column_names, paired_comparisons
 from ..analysis.paper import (
@@ -44,6 +41,7 @@ from ..runtime.precision import resolve_device
 from ..runtime.validation import check_args
 from ..training import TrainArgs, train
 from .compare_args import PRESETS, CompareArgs
+from .retrain import NotTheScoredWeights, retrained, trained_weights_digest
 from .sweep import sweep_learning_rates
 
 logger = logging.getLogger(__name__)
@@ -220,30 +218,14 @@ def _run_arm(args: CompareArgs, arm: str, method: str, seed: int, lr: float | No
 
 def _fill_missing(args: CompareArgs, run: dict, method: str, run_dir: Path, missing: list[str], eval_cfg: dict,
                   limits: dict, precision, eval_precision, device, r, progress: bool) -> dict:
-    """A finished run's tasks added since it ran (its weights are not kept): the run retrained from its recorded
-    arguments, and the missing tasks scored only if the retrained weights are the scored ones bit for bit (the
-    SHA-256 its other tasks recorded); else it is left as it was and says why. The base retrains nothing."""
-    recorded = {json.loads(f.read_text())["setting"].get("weights") for f in run_dir.glob("eval.*.json")} - {None}
-    model, tokenizer = load_model(args.model, dtype=precision.weights, device=device)
-    if method != "base":
-        config = json.loads((run_dir / "train_config.json").read_text())
-        known = {f.name for f in fields(TrainArgs)}
-        log = run_dir / "train_log.jsonl"
-        try:
-            with tempfile.TemporaryDirectory(dir=run_dir.parent, prefix=f".{run_dir.name}.retrain-") as tmp:
-                _, model = train(TrainArgs(**{**{k: v for k, v in config.items() if k in known}, "out": tmp,
-                                              "resume": False}), model, tokenizer, progress=progress,
-                                 on_record=following(log) if log.is_file() else None)
-        except DepartsFromRecord as departure:
-            why = (f"the retrain departs from the recorded run ({departure}), so its weights cannot be the scored ones"
-                   f"; {_kernels_hint(run_dir)}")
-            logger.warning(f"[compare] {run_dir.name}: {', '.join(missing)} not scored: {why} (the other tasks stand).")
-            return {**run, "unfilled": {"tasks": missing, "why": why}}
-    weights = trained_weights_digest(model)
-    if method != "base" and recorded != {weights}:
-        why = "no task recorded its weights" if not recorded else "the retrained weights differ from the scored ones"
+    """A finished run's tasks added since it ran (its weights are not kept): scored on the run retrained from its
+    recorded arguments only if that gives the scored weights bit for bit; else the run is left as it was and says
+    why. The base retrains nothing."""
+    try:
+        model, tokenizer, weights = retrained(args.model, method, run_dir, precision, device, progress)
+    except NotTheScoredWeights as why:
         logger.warning(f"[compare] {run_dir.name}: {', '.join(missing)} not scored: {why} (the other tasks stand).")
-        return {**run, "unfilled": {"tasks": missing, "why": why}}
+        return {**run, "unfilled": {"tasks": missing, "why": str(why)}}
     scored = _evaluate_arm(args, merged_for_evaluation(model), tokenizer, run_dir, weights, eval_cfg, limits,
                            eval_precision, r, progress, only=missing)[0]
     run = {**run, "tasks": {**run["tasks"], **scored}}
@@ -295,75 +277,6 @@ def _write_report(report: dict, runs: list[dict], methods: list[str], out: Path,
         plot_paired(report["paired"], out / "paired.png")
     text = render_report(report)
     atomic_write(out / "report.md", lambda tmp: Path(tmp).write_text(text))
-
-
-class DepartsFromRecord(RuntimeError):
-    """A retrain whose log differs from the run it repeats (another CPU's kernels, another library version)."""
-
-
-def following(recorded_log: Path):
-    """A train() on_record that stops a retrain at its first loss differing, in any bit, from the recorded log's:
-    on a machine that does not reproduce the run, the retrain ends after a step instead of after all of them."""
-    recorded = {r["step"]: r for r in map(json.loads, recorded_log.read_text().splitlines())}
-
-    def check(record: dict) -> None:
-        for key in ("heldout_loss", "loss"):
-            was = recorded.get(record["step"], {}).get(key)
-            if key in record and was is not None and record[key] != was:
-                raise DepartsFromRecord(f"step {record['step']} {key} {record[key]!r}, recorded {was!r}")
-    return check
-
-
-def _kernels_hint(run_dir: Path) -> str:
-    """Where a retrain's first bits differ, the usual cause is the CPU kernels torch chose; it can be told to use
-    another set (ATEN_CPU_CAPABILITY, read when torch starts)."""
-    summary = run_dir / "summary.json"
-    trained = json.loads(summary.read_text()).get("cpu_capability") if summary.is_file() else None
-    here = torch.backends.cpu.get_cpu_capability()
-    if trained and trained != here:
-        return (f"it was trained with {trained} kernels, this process runs {here}: "
-                f"rerun with ATEN_CPU_CAPABILITY={trained.lower()}")
-    if trained:
-        return "it was trained with the kernels this process runs, so something else changed (torch, data, code)"
-    return (f"its kernels were not recorded; this process runs {here}, "
-            "and ATEN_CPU_CAPABILITY=avx2 (or default) selects others")
-
-
-def trained_weights_digest(model) -> str:
-    """SHA-256 of the tensors that require grad: after training, the adapter's; for the base, as loaded, all of them."""
-    digest = hashlib.sha256()
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            digest.update(name.encode() + p.detach().float().cpu().numpy().tobytes())
-    return digest.hexdigest()
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def _read_log(run_dir: Path) -> list[dict]:

@@ -1,0 +1,91 @@
+"""A finished run trained again, to score a task added after it ran (`compare --fill-missing`): its weights are not
+kept, so they are rebuilt from its recorded arguments and accepted only if they are the scored ones bit for bit.
+
+The retrain follows the run's train_log.jsonl as it goes and stops at the first loss that differs in any bit, so a
+machine that cannot repeat the run costs a step, not a training; at the end the weights' SHA-256 must equal the one
+the run's evaluations recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+
+from ..runtime.loading import load_model
+from ..training import TrainArgs, train
+
+
+class NotTheScoredWeights(RuntimeError):
+    """The retrain cannot give the weights the run scored; the message says where it parted and why."""
+
+
+class DepartsFromRecord(NotTheScoredWeights):
+    """A retrain whose log differs from the run it repeats (another CPU's kernels, another library version)."""
+
+
+def retrained(model_name: str, method: str, run_dir: Path, precision, device, progress: bool):
+    """(model, tokenizer, SHA-256 of its trained weights) of the run in run_dir, trained again; the base is loaded.
+    Raises NotTheScoredWeights when they cannot be, or are not, the weights the run's evaluations recorded."""
+    recorded = {json.loads(f.read_text())["setting"].get("weights") for f in run_dir.glob("eval.*.json")} - {None}
+    model, tokenizer = load_model(model_name, dtype=precision.weights, device=device)
+    if method == "base":
+        return model, tokenizer, trained_weights_digest(model)
+    if not recorded:
+        raise NotTheScoredWeights("no task recorded its weights")
+    config = json.loads((run_dir / "train_config.json").read_text())
+    known = {f.name for f in fields(TrainArgs)}
+    log = run_dir / "train_log.jsonl"
+    try:
+        with tempfile.TemporaryDirectory(dir=run_dir.parent, prefix=f".{run_dir.name}.retrain-") as tmp:
+            _, model = train(TrainArgs(**{**{k: v for k, v in config.items() if k in known}, "out": tmp,
+                                          "resume": False}), model, tokenizer, progress=progress,
+                             on_record=following(log) if log.is_file() else None)
+    except DepartsFromRecord as departure:
+        raise DepartsFromRecord(f"the retrain departs from the recorded run ({departure}), so its weights cannot be "
+                                f"the scored ones; {kernels_hint(run_dir)}") from None
+    weights = trained_weights_digest(model)
+    if recorded != {weights}:
+        raise NotTheScoredWeights("the retrained weights differ from the scored ones")
+    return model, tokenizer, weights
+
+
+def following(recorded_log: Path) -> Callable[[dict], None]:
+    """A train() on_record that raises DepartsFromRecord at the first loss differing from the recorded log's."""
+    recorded = {r["step"]: r for r in map(json.loads, recorded_log.read_text().splitlines())}
+
+    def check(record: dict) -> None:
+        for key in ("heldout_loss", "loss"):
+            was = recorded.get(record["step"], {}).get(key)
+            if key in record and was is not None and record[key] != was:
+                raise DepartsFromRecord(f"step {record['step']} {key} {record[key]!r}, recorded {was!r}")
+    return check
+
+
+def kernels_hint(run_dir: Path) -> str:
+    """Where a retrain's first bits differ, the usual cause is the CPU kernels torch chose; it can be told to use
+    another set (ATEN_CPU_CAPABILITY, read when torch starts)."""
+    summary = run_dir / "summary.json"
+    trained = json.loads(summary.read_text()).get("cpu_capability") if summary.is_file() else None
+    here = torch.backends.cpu.get_cpu_capability()
+    if trained and trained != here:
+        return (f"it was trained with {trained} kernels, this process runs {here}: "
+                f"rerun with ATEN_CPU_CAPABILITY={trained.lower()}")
+    if trained:
+        return "it was trained with the kernels this process runs, so something else changed (torch, data, code)"
+    return (f"its kernels were not recorded; this process runs {here}, "
+            "and ATEN_CPU_CAPABILITY=avx2 (or default) selects others")
+
+
+def trained_weights_digest(model) -> str:
+    """SHA-256 of the tensors that require grad: after training, the adapter's; for the base, as loaded, all of them."""
+    digest = hashlib.sha256()
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            digest.update(name.encode() + p.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()
