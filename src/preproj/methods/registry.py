@@ -182,10 +182,11 @@ def save_method(model: nn.Module, name: str, out: str | Path) -> None:
 ADAPTER_SUBDIR = "adapter"
 
 
-def save_model_dir(model: nn.Module, name: str, out: str | Path) -> None:
+def save_model_dir(model: nn.Module, name: str, out: str | Path, whole_state: dict | None = None) -> None:
     """A model trained as a whole: the base (without the method's modules) saved by save_pretrained in
     safetensors at `out`, the method's files in out/adapter. transformers reads an adapter_config.json
-    beside a model's own files as a PEFT adapter to load, hence the subfolder."""
+    beside a model's own files as a PEFT adapter to load, hence the subfolder. whole_state: the base's state dict
+    gathered whole where it is sharded (else the base's own)."""
     from ..core.modules import PreProjAttention
 
     out = Path(out)
@@ -193,7 +194,7 @@ def save_model_dir(model: nn.Module, name: str, out: str | Path) -> None:
     wrappers = [n for n, m in base.named_modules() if isinstance(m, PreProjAttention)]
     added = tuple(f"{w}." for w in wrappers)  # everything a wrapper holds beside its base_layer
     kept = tuple(f"{w}.base_layer." for w in wrappers)
-    state = {k.replace(".base_layer.", "."): v for k, v in base.state_dict().items()
+    state = {k.replace(".base_layer.", "."): v for k, v in (whole_state or base.state_dict()).items()
              if not k.startswith(added) or k.startswith(kept)}
     base.save_pretrained(out, state_dict=state)
     save_method(model, name, out / ADAPTER_SUBDIR)

@@ -18,18 +18,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..core.adapter import load_adapter
 from ..core.config import PreProjConfig, canonical_mode
 from ..data import resolve_data_dir, tokenize_examples, training_corpus, wikitext_lines
-from ..methods.registry import METHODS
+from ..methods.registry import ADAPTER_SUBDIR, METHODS
 from ..runtime import distributed as ddist
 from ..runtime.files import write_json
-from ..runtime.loading import load_tokenizer
+from ..runtime.loading import load_model, load_tokenizer
 from ..runtime.precision import compute_context, resolve_device
 from ..runtime.precision import precision as as_precision
 from ..runtime.validation import check_args
 from .args import TrainArgs
 from .loop import train
-from .strategy import unsharded
 
 logger = logging.getLogger(__name__)
 
@@ -302,16 +302,19 @@ def pretrain(args: PretrainArgs, progress: bool = True) -> tuple[dict, nn.Module
     targs = TrainArgs(**{**shared_fields(args, TrainArgs), "model": str(out), "steps": steps,
                           "warmup": min(args.warmup, steps - 1), "train_base": True})
     summary, model = train(targs, model=model, tokenizer=tokenizer, progress=progress)
+    if r.world_size > 1 and args.strategy == "fsdp":  # sharded: every process scores the saved model, whole
+        ddist.barrier()
+        model = load_adapter(load_model(str(out), dtype=as_precision(args.precision).weights, device=device)[0],
+                             out / ADAPTER_SUBDIR)
 
     # --- validate: the whole held-out (and, for WikiText, test) text, greedy samples ---
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    with unsharded(model):
-        scores = {"validation": lm_loss(base, tokenizer, held, args.seq_len, args.batch_size, args.precision, device)}
-        if args.data.startswith("wikitext2"):
-            test = [line for line in wikitext_lines("test", data_dir) if len(line.strip()) > 50]
-            scores["test"] = lm_loss(base, tokenizer, test, args.seq_len, args.batch_size, args.precision, device)
-        samples = greedy_samples(base, tokenizer, args.sample_tokens) if r.is_main else {}
-        sink = first_token_attention(base, tokenizer, held, args.seq_len, args.batch_size, device)
+    scores = {"validation": lm_loss(base, tokenizer, held, args.seq_len, args.batch_size, args.precision, device)}
+    if args.data.startswith("wikitext2"):
+        test = [line for line in wikitext_lines("test", data_dir) if len(line.strip()) > 50]
+        scores["test"] = lm_loss(base, tokenizer, test, args.seq_len, args.batch_size, args.precision, device)
+    samples = greedy_samples(base, tokenizer, args.sample_tokens) if r.is_main else {}
+    sink = first_token_attention(base, tokenizer, held, args.seq_len, args.batch_size, device)
     summary.update({
         "pretrain": asdict(args), "shape": asdict(shape), **counts, "data": data_desc,
         "loss": {k: v["loss"] for k, v in scores.items()},

@@ -61,6 +61,10 @@ class Strategy:
         """This process's part of a parameter or gradient."""
         return t
 
+    def whole_state_dict(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        """module's state dict with every tensor whole, on the main process (a collective: every process calls it)."""
+        return module.state_dict()
+
     def unsharded(self, wrapped: nn.Module):
         """Context in which every parameter is whole on every process (rank 0 can save the model as usual)."""
         return contextlib.nullcontext()
@@ -108,6 +112,23 @@ class FSDP(Strategy):
 
     def local(self, t: torch.Tensor) -> torch.Tensor:
         return t.to_local() if hasattr(t, "to_local") else t
+
+    def whole_state_dict(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        # FSDP2's state_dict() is of sharded DTensors even while unsharded; an uneven shard (a vocabulary of odd
+        # size on two processes) cannot even be flattened, as save_pretrained does.
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        # Gathered, tied weights (embedding and LM head) come back as copies: share them again, so that
+        # save_pretrained drops the duplicate as it does for the model itself.
+        shared: dict[int, list[str]] = {}
+        for name, p in module.named_parameters(remove_duplicate=False):
+            shared.setdefault(id(p), []).append(name)
+        for first, *others in shared.values():
+            for name in others:
+                if first in state and name in state:
+                    state[name] = state[first]
+        return state
 
     def unsharded(self, wrapped: nn.Module):
         return unsharded(wrapped)
