@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
+import signal
 from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 import transformers
 from conftest import data_dir
 
@@ -18,8 +21,10 @@ from preproj.cli import main
 import preproj
 import preproj.analysis.report as report_text
 from preproj.experiments import compare, sweep
+from preproj.experiments import retrain as retrain_module
 from preproj.experiments.compare import CompareArgs, run_compare
 from preproj.runtime.files import RunLock
+from preproj.training import TrainingInterrupted
 
 
 @pytest.fixture(scope="module")
@@ -312,14 +317,34 @@ def test_a_task_added_after_a_run_finished_is_scored_on_its_retrained_weights(tm
     monkeypatch.setitem(compare.PRESETS["cpu"], "eval", {**compare.PRESETS["cpu"]["eval"],
                                                          "extra_tasks": ("wikitext_file",)})
     assert "wikitext_file" not in run_compare(args, progress=False)["methods"]["skip"]["metrics"]  # not asked
+
+    # A fill stopped part-way (Ctrl-C after the retrain's first step) resumes that retrain where it stopped.
+    follow = retrain_module.following
+
+    def stopping_after_step_1(log):
+        check = follow(log)
+
+        def on_record(record):
+            check(record)
+            if record["step"] == 1:
+                os.kill(os.getpid(), signal.SIGINT)
+        return on_record
+
+    monkeypatch.setattr(retrain_module, "following", stopping_after_step_1)
+    with pytest.raises(TrainingInterrupted, match="after step 1"):
+        run_compare(replace(args, fill_missing=True), progress=False)
+    place = tmp_path / "cmp" / ".skip-seed42.retrain"
+    assert torch.load(place / "checkpoint" / "state.pt", weights_only=True)["step"] == 1
+    monkeypatch.setattr(retrain_module, "following", follow)
     filled = run_compare(replace(args, fill_missing=True), progress=False)
+    assert not place.exists()  # removed once scored
     _, tokenizer = preproj.load_model(tiny_real_vocab_model)
     direct = preproj.evaluate(trained, tokenizer, ["wikitext_file"], limit=2, max_length=256, data_dir=str(data_dir()),
                               progress=False)["tasks"]["wikitext_file"]
     result = json.loads((skip_dir / "result.json").read_text())["tasks"]["wikitext_file"]
     assert result["word_perplexity"] == direct["word_perplexity"]
     assert "wikitext_file" in json.loads((tmp_path / "cmp" / "base-seed42" / "result.json").read_text())["tasks"]
-    assert not [p for p in (tmp_path / "cmp").iterdir() if ".retrain-" in p.name]
+    assert not [p for p in (tmp_path / "cmp").iterdir() if ".retrain" in p.name]
     assert filled["methods"]["skip"]["trainable_params"] > 0
 
     result = json.loads((skip_dir / "result.json").read_text())
@@ -344,4 +369,4 @@ def test_a_task_added_after_a_run_finished_is_scored_on_its_retrained_weights(tm
     assert f"the retrain departs from the recorded run (step 1 loss {log[1]['loss'] - 2**-20!r}, recorded" in caplog.text
     assert "trained with the kernels this process runs, so something else changed" in caplog.text
     assert "wikitext_file" not in json.loads((skip_dir / "result.json").read_text())["tasks"]
-    assert not [p for p in (tmp_path / "cmp").iterdir() if ".retrain-" in p.name]
+    assert not [p for p in (tmp_path / "cmp").iterdir() if ".retrain" in p.name]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
@@ -41,7 +42,7 @@ from ..runtime.precision import resolve_device
 from ..runtime.validation import check_args
 from ..training import TrainArgs, train
 from .compare_args import PRESETS, CompareArgs
-from .retrain import NotTheScoredWeights, retrained, trained_weights_digest
+from .retrain import NotTheScoredWeights, retrain_dir, retrained, trained_weights_digest
 from .sweep import sweep_learning_rates
 
 logger = logging.getLogger(__name__)
@@ -231,6 +232,7 @@ def _fill_missing(args: CompareArgs, run: dict, method: str, run_dir: Path, miss
     run = {**run, "tasks": {**run["tasks"], **scored}}
     if r.is_main:
         write_json(run_dir / "result.json", run)
+        shutil.rmtree(retrain_dir(run_dir), ignore_errors=True)
     return run
 
 

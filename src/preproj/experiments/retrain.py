@@ -3,14 +3,15 @@ kept, so they are rebuilt from its recorded arguments and accepted only if they 
 
 The retrain follows the run's train_log.jsonl as it goes and stops at the first loss that differs in any bit, so a
 machine that cannot repeat the run costs a step, not a training; at the end the weights' SHA-256 must equal the one
-the run's evaluations recorded.
+the run's evaluations recorded. It runs in a hidden directory beside the run, kept until the new tasks are scored, so
+a fill stopped part-way resumes its retrain from the last checkpoint.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import tempfile
+import shutil
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
@@ -41,18 +42,25 @@ def retrained(model_name: str, method: str, run_dir: Path, precision, device, pr
     config = json.loads((run_dir / "train_config.json").read_text())
     known = {f.name for f in fields(TrainArgs)}
     log = run_dir / "train_log.jsonl"
+    place = retrain_dir(run_dir)  # kept until scored, so a fill stopped part-way resumes its retrain
     try:
-        with tempfile.TemporaryDirectory(dir=run_dir.parent, prefix=f".{run_dir.name}.retrain-") as tmp:
-            _, model = train(TrainArgs(**{**{k: v for k, v in config.items() if k in known}, "out": tmp,
-                                          "resume": False}), model, tokenizer, progress=progress,
-                             on_record=following(log) if log.is_file() else None)
+        _, model = train(TrainArgs(**{**{k: v for k, v in config.items() if k in known}, "out": str(place),
+                                      "resume": True}), model, tokenizer, progress=progress,
+                         on_record=following(log) if log.is_file() else None)
     except DepartsFromRecord as departure:
+        shutil.rmtree(place, ignore_errors=True)
         raise DepartsFromRecord(f"the retrain departs from the recorded run ({departure}), so its weights cannot be "
                                 f"the scored ones; {kernels_hint(run_dir)}") from None
     weights = trained_weights_digest(model)
     if recorded != {weights}:
+        shutil.rmtree(place, ignore_errors=True)
         raise NotTheScoredWeights("the retrained weights differ from the scored ones")
     return model, tokenizer, weights
+
+
+def retrain_dir(run_dir: Path) -> Path:
+    """Where run_dir's retrain runs; hidden, and ignored by git, beside it. Removed once its tasks are scored."""
+    return run_dir.parent / f".{run_dir.name}.retrain"
 
 
 def following(recorded_log: Path) -> Callable[[dict], None]:
