@@ -222,6 +222,8 @@ def _fill_missing(args: CompareArgs, run: dict, method: str, run_dir: Path, miss
     """A finished run's tasks added since it ran (its weights are not kept): scored on the run retrained from its
     recorded arguments only if that gives the scored weights bit for bit; else the run is left as it was and says
     why. The base retrains nothing."""
+    logger.info(f"[compare] {run_dir.name}: scoring {', '.join(missing)}" + ("" if method == "base" else
+                " on its weights trained again, checked step by step against its train_log.jsonl"))
     try:
         model, tokenizer, weights = retrained(args.model, method, run_dir, precision, device, progress)
     except NotTheScoredWeights as why:
