@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -141,7 +142,7 @@ def test_a_study_script_commits_its_runs_while_it_runs_and_keeps_the_commands_st
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     subprocess.run([*git, "-C", str(tmp_path), "commit", "-q", "--allow-empty", "-m", "start"], check=True)
     study = "mkdir -p out; echo 1 > out/first; sleep 3; echo 2 > out/second; exit 3"
-    env = {"PATH": "/usr/bin:/bin", "COMMIT_EVERY": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+    env = {"PATH": os.environ["PATH"], "COMMIT_EVERY": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(tmp_path)}
     done = subprocess.run(["bash", "-c", f'source "{lib}"; while_committing out demo sh -c "{study}"'], cwd=tmp_path,
                           env=env)
