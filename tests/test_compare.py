@@ -321,8 +321,8 @@ def test_a_task_added_after_a_run_finished_is_scored_on_its_retrained_weights(tm
     # A fill stopped part-way (Ctrl-C after the retrain's first step) resumes that retrain where it stopped.
     follow = retrain_module.following
 
-    def stopping_after_step_1(log):
-        check = follow(log)
+    def stopping_after_step_1(run_dir):
+        check = follow(run_dir)
 
         def on_record(record):
             check(record)

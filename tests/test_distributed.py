@@ -199,13 +199,18 @@ def test_compare_refuses_fsdp_across_processes(monkeypatch, tmp_path):
         run_compare(CompareArgs(methods="base", strategy="fsdp", device="cpu", out=str(tmp_path)), progress=False)
 
 
+def pretrain_args(root: Path, vocab: int = 300, tokens: int = 4 * 4 * 32, warmup: int = 1, every: int = 2) -> list[str]:
+    """A tiny `preproj pretrain` on the shared corpus, checkpointed and evaluated every `every` steps."""
+    return ["pretrain", "--data", str(root / "corpus.txt"), "--tokenizer", f"train:{vocab}", "--layers", "2",
+            "--d-model", "32", "--heads", "2", "--seq-len", "32", "--tokens", str(tokens), "--lr", "1e-2",
+            "--warmup", str(warmup), "--eval-every", str(every), "--eval-batches", "2", "--save-every", str(every),
+            "--precision", "fp32", "--device", "cpu", "--sample-tokens", "2"]
+
+
 def test_pretraining_on_two_processes_equals_one_process_at_twice_the_batch(setup):
     """`preproj pretrain --nproc 2` runs train's DDP loop with every weight trainable: same losses and weights."""
     root, _, _ = setup
-    corpus = str(root / "corpus.txt")
-    common = ["pretrain", "--data", corpus, "--tokenizer", "train:300", "--layers", "2", "--d-model", "32", "--heads",
-              "2", "--seq-len", "32", "--tokens", str(6 * 4 * 32), "--lr", "1e-2", "--warmup", "2", "--eval-every", "3",
-              "--eval-batches", "2", "--save-every", "3", "--precision", "fp32", "--device", "cpu", "--sample-tokens", "2"]
+    common = pretrain_args(root, tokens=6 * 4 * 32, warmup=2, every=3)
     assert main([*common, "--batch-size", "4", "--out", str(root / "pt-one")]) == 0
     proc = run(preproj_cmd(*common, "--batch-size", "2", "--out", str(root / "pt-two")))
     assert proc.stdout.count("summary:") == 1
@@ -223,10 +228,7 @@ def test_pretraining_sharded_by_fsdp_saves_and_scores_a_vocabulary_that_does_not
     """FSDP2 shards the embedding by rows: 301 rows on two processes are an uneven shard, which save_pretrained could
     not flatten, and after training the model is scored whole. Same run as one process, to rounding."""
     root, _, _ = setup
-    corpus = str(root / "corpus.txt")
-    common = ["pretrain", "--data", corpus, "--tokenizer", "train:301", "--layers", "2", "--d-model", "32", "--heads",
-              "2", "--seq-len", "32", "--tokens", str(4 * 4 * 32), "--lr", "1e-2", "--warmup", "1", "--eval-every", "2",
-              "--eval-batches", "2", "--save-every", "2", "--precision", "fp32", "--device", "cpu", "--sample-tokens", "2"]
+    common = pretrain_args(root, vocab=301)
     one, two = root / "fsdp-pt-one", root / "fsdp-pt-two"
     assert main([*common, "--batch-size", "4", "--out", str(one)]) == 0
     proc = run(preproj_cmd(*common, "--batch-size", "2", "--strategy", "fsdp", "--out", str(two)))
@@ -243,11 +245,7 @@ def test_pretraining_sharded_by_fsdp_saves_and_scores_a_vocabulary_that_does_not
 def test_a_block_change_trained_from_scratch_on_two_processes_equals_one_process(setup):
     """The gate's hook reads the normed input inside the wrapped attention, under DDP with every weight training."""
     root, _, _ = setup
-    corpus = str(root / "corpus.txt")
-    common = ["pretrain", "--data", corpus, "--tokenizer", "train:300", "--layers", "2", "--d-model", "32", "--heads",
-              "2", "--seq-len", "32", "--tokens", str(4 * 4 * 32), "--lr", "1e-2", "--warmup", "1", "--eval-every", "2",
-              "--eval-batches", "2", "--save-every", "2", "--precision", "fp32", "--device", "cpu", "--sample-tokens", "2",
-              "--method", "preproj+skip+gate"]
+    common = [*pretrain_args(root), "--method", "preproj+skip+gate"]
     one, two = root / "gate-one", root / "gate-two"
     assert main([*common, "--batch-size", "4", "--out", str(one)]) == 0
     proc = run(preproj_cmd(*common, "--batch-size", "2", "--out", str(two)))

@@ -41,20 +41,16 @@ def retrained(model_name: str, method: str, run_dir: Path, precision, device, pr
         raise NotTheScoredWeights("no task recorded its weights")
     config = json.loads((run_dir / "train_config.json").read_text())
     known = {f.name for f in fields(TrainArgs)}
-    log = run_dir / "train_log.jsonl"
     place = retrain_dir(run_dir)  # kept until scored, so a fill stopped part-way resumes its retrain
+    args = TrainArgs(**{**{k: v for k, v in config.items() if k in known}, "out": str(place), "resume": True})
     try:
-        _, model = train(TrainArgs(**{**{k: v for k, v in config.items() if k in known}, "out": str(place),
-                                      "resume": True}), model, tokenizer, progress=progress,
-                         on_record=following(log) if log.is_file() else None)
-    except DepartsFromRecord as departure:
-        shutil.rmtree(place, ignore_errors=True)
-        raise DepartsFromRecord(f"the retrain departs from the recorded run ({departure}), so its weights cannot be "
-                                f"the scored ones; {kernels_hint(run_dir)}") from None
-    weights = trained_weights_digest(model)
-    if recorded != {weights}:
-        shutil.rmtree(place, ignore_errors=True)
-        raise NotTheScoredWeights("the retrained weights differ from the scored ones")
+        _, model = train(args, model, tokenizer, progress=progress, on_record=following(run_dir))
+        weights = trained_weights_digest(model)
+        if recorded != {weights}:
+            raise NotTheScoredWeights("the retrained weights differ from the scored ones")
+    except NotTheScoredWeights:
+        shutil.rmtree(place, ignore_errors=True)  # a retrain that cannot give the scored weights is not resumed
+        raise
     return model, tokenizer, weights
 
 
@@ -63,15 +59,21 @@ def retrain_dir(run_dir: Path) -> Path:
     return run_dir.parent / f".{run_dir.name}.retrain"
 
 
-def following(recorded_log: Path) -> Callable[[dict], None]:
-    """A train() on_record that raises DepartsFromRecord at the first loss differing from the recorded log's."""
-    recorded = {r["step"]: r for r in map(json.loads, recorded_log.read_text().splitlines())}
+def following(run_dir: Path) -> Callable[[dict], None] | None:
+    """A train() on_record that raises DepartsFromRecord at the first loss differing from run_dir's train_log.jsonl
+    (None where the run kept no log)."""
+    log = run_dir / "train_log.jsonl"
+    if not log.is_file():
+        return None
+    recorded = {r["step"]: r for r in map(json.loads, log.read_text().splitlines())}
 
     def check(record: dict) -> None:
         for key in ("heldout_loss", "loss"):
             was = recorded.get(record["step"], {}).get(key)
             if key in record and was is not None and record[key] != was:
-                raise DepartsFromRecord(f"step {record['step']} {key} {record[key]!r}, recorded {was!r}")
+                raise DepartsFromRecord(f"the retrain departs from the recorded run (step {record['step']} {key} "
+                                        f"{record[key]!r}, recorded {was!r}), so its weights cannot be the scored "
+                                        f"ones; {kernels_hint(run_dir)}")
     return check
 
 

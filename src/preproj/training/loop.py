@@ -321,10 +321,11 @@ def finish(run: Run, wall_start: float) -> dict:
     whole_state = strategy.whole_state_dict(run.base) if args.train_base else None
     with strategy.unsharded(run.wrapped):
         norms = skip_norms(run.base) if run.has_skip else None
-        if strategy.ranks.is_main and args.train_base:
-            save_model_dir(run.model, args.method, run.out, whole_state)
-        elif strategy.ranks.is_main:
-            save_method(run.model, args.method, run.out)
+        if strategy.ranks.is_main:
+            if args.train_base:
+                save_model_dir(run.model, args.method, run.out, whole_state)
+            else:
+                save_method(run.model, args.method, run.out)
     heldout = [x["heldout_loss"] for x in log if "heldout_loss" in x]
     summary = {
         "model": args.model, "method": args.method, "steps": args.steps, "tokens_seen": args.steps * run.tokens_per_step,
