@@ -82,7 +82,8 @@ def cell_coverage(metric: str, items: int, seeds: tuple[int, int], sd: tuple[flo
             for rule, (low, high) in intervals_by_rule(a, b, statistic, seed_paired=paired_seeds).items():
                 hits[paired_seeds, rule] += low - 1e-12 <= truth <= high + 1e-12  # float rounding of a zero width
                 width[paired_seeds, rule] += high - low
-    return {("seed-paired" if t else "item-and-seed") + ": " + r: {"coverage": hits[t, r] / sims, "width": width[t, r] / sims}
+    return {("seed-paired" if t else "item-and-seed") + ": " + r:
+            {"coverage": hits[t, r] / sims, "width": width[t, r] / sims}
             for t, r in hits}
 
 
@@ -107,7 +108,8 @@ def choose(cells: list[dict], floor: float = 0.945) -> dict:
         worst[rule] = min(x["coverage"] for x in found)
         width[rule] = float(np.mean([x["width"] for x in found]))
     qualify = [r for r in RULES if worst[r] >= floor]
-    return {"rule": min(qualify, key=width.get) if qualify else None, "qualify": qualify, "worst": worst, "width": width}
+    return {"rule": min(qualify, key=width.get) if qualify else None, "qualify": qualify, "worst": worst,
+            "width": width}
 
 
 def recheck(cells: list[dict], sims: int, low: float = 0.925, floor: float = 0.945) -> list[int]:
@@ -119,8 +121,8 @@ def recheck(cells: list[dict], sims: int, low: float = 0.925, floor: float = 0.9
         x["coverage"] < floor for key, x in c["result"].items() if key.split(": ")[1] in near)]
     for k in again:
         c = cells[k]
-        more = cell_coverage(c["metric"], c["items"], tuple(c["seeds"]), tuple(c["sd"]), c["interaction"], c["rho"], sims,
-                             seed=10_000 + k)
+        more = cell_coverage(c["metric"], c["items"], tuple(c["seeds"]), tuple(c["sd"]), c["interaction"], c["rho"],
+                             sims, seed=10_000 + k)
         total = c.get("sims", 0) + sims
         for key, x in more.items():
             old = c["result"][key]
@@ -138,27 +140,28 @@ def render(cells: list[dict], chosen: dict, sims: int, seconds: float) -> str:
     keys = list(cells[0]["result"]) if cells else []
     keys = sorted({k for c in cells for k in c["result"]}, key=lambda k: (k.startswith("seed"), k))
     lines = ["# Coverage of the paired intervals", "",
-             f"`.venv/bin/python scripts/coverage.py --sims {sims}` ({seconds / 60:.0f} min on the project's 2-core CPU). "
-             f"Each cell is {sims} simulated comparisons of two arms on the same items; a rule covers when its 95% interval "
-             "holds the true difference over items and seeds. Monte Carlo standard error of a coverage near 95%: "
-             f"{math.sqrt(0.95 * 0.05 / sims) * 100:.1f} points.", "",
-             "Rules (`preproj.analysis.stats.RULES`): each arm's seed variance is its between-seed variance less the seed-by-item "
-             "interaction that the items' variance already carries (*subtract*), or the raw between-seed variance (*raw*, "
-             "which counts the interaction twice). *n-1 df* gives that estimate the seeds' n - 1 degrees of freedom; "
-             "*Satterthwaite df* the fewer that a difference of two mean squares has; both then combine the seeds' and the "
-             "items' parts by Welch-Satterthwaite. *t(n-1) for all* takes the seeds' t-quantile for the whole interval; "
-             "*separate quantiles* gives the items' part the normal quantile and each seed part its own t(n-1), added "
-             "in quadrature. *seed-paired* (both arms trained with the same seeds, seed i the same data order) takes the "
-             "seeds' part from the per-seed differences; *item-and-seed* from each arm's own seeds.", "",
+             f"`.venv/bin/python scripts/coverage.py --sims {sims}` ({seconds / 60:.0f} min on the project's 2-core "
+             f"CPU). Each cell is {sims} simulated comparisons of two arms on the same items; a rule covers when its "
+             "95% interval holds the true difference over items and seeds. Monte Carlo standard error of a coverage "
+             f"near 95%: {math.sqrt(0.95 * 0.05 / sims) * 100:.1f} points.", "",
+             "Rules (`preproj.analysis.stats.RULES`): each arm's seed variance is its between-seed variance less the "
+             "seed-by-item interaction that the items' variance already carries (*subtract*), or the raw between-seed "
+             "variance (*raw*, which counts the interaction twice). *n-1 df* gives that estimate the seeds' n - 1 "
+             "degrees of freedom; *Satterthwaite df* the fewer that a difference of two mean squares has; both then "
+             "combine the seeds' and the items' parts by Welch-Satterthwaite. *t(n-1) for all* takes the seeds' "
+             "t-quantile for the whole interval; *separate quantiles* gives the items' part the normal quantile and "
+             "each seed part its own t(n-1), added in quadrature. *seed-paired* (both arms trained with the same "
+             "seeds, seed i the same data order) takes the seeds' part from the per-seed differences; *item-and-seed* "
+             "from each arm's own seeds.", "",
              "## Chosen", "",
              f"**{chosen['rule'] or 'no rule covers everywhere'}**: the narrowest rule (mean width over the usable "
              "cells of both tests) that covers at least 94.5% in every usable cell, item-and-seed and seed-paired. "
-             "Rules that qualify: " + (", ".join(chosen["qualify"]) or "none") + ". A cell where a rule that comes near "
-             "the floor everywhere fell below it was simulated again and the counts pooled (the cell's simulations are "
-             "listed below): at 1,000 simulations a rule that covers exactly 95% falls below 94.5% in about a quarter "
-             "of the cells by chance alone. Cells where the single-seed arm itself varies are shown but not usable: no "
-             "interval can see a spread from one seed, which is why every trained arm of the study has three seeds "
-             "and only the base (which has no seed variance) has one.", "",
+             "Rules that qualify: " + (", ".join(chosen["qualify"]) or "none") + ". A cell where a rule that comes "
+             "near the floor everywhere fell below it was simulated again and the counts pooled (the cell's "
+             "simulations are listed below): at 1,000 simulations a rule that covers exactly 95% falls below 94.5% in "
+             "about a quarter of the cells by chance alone. Cells where the single-seed arm itself varies are shown "
+             "but not usable: no interval can see a spread from one seed, which is why every trained arm of the study "
+             "has three seeds and only the base (which has no seed variance) has one.", "",
              "| rule | worst usable cell | mean width |", "|---|---|---|",
              *[f"| {rule} | {chosen['worst'][rule]:.3f} | {chosen['width'][rule]:.4g} |" for rule in RULES], "",
              "## Worst cell per rule", "", "| test: rule | lowest coverage | in cell | mean width (usable cells) |",
@@ -168,8 +171,10 @@ def render(cells: list[dict], chosen: dict, sims: int, seconds: float) -> str:
         worst = min(usable, key=lambda c: c["result"][key]["coverage"])
         lines.append(f"| {key} | {worst['result'][key]['coverage']:.3f} | {_name(worst)} | "
                      f"{np.mean([c['result'][key]['width'] for c in usable]):.4g} |")
-    lines += ["", "## Every cell", "", "Coverage per rule (width relative to the chosen rule's, same test, in brackets).", "",
-              "| metric | items | seeds A v B | seed sd A, B | interaction | ρ | simulations | " + " | ".join(keys) + " |",
+    lines += ["", "## Every cell", "",
+              "Coverage per rule (width relative to the chosen rule's, same test, in brackets).", "",
+              "| metric | items | seeds A v B | seed sd A, B | interaction | ρ | simulations | "
+              + " | ".join(keys) + " |",
               "|---" * (7 + len(keys)) + "|"]
     for c in cells:
         row = []
@@ -179,9 +184,11 @@ def render(cells: list[dict], chosen: dict, sims: int, seconds: float) -> str:
                 continue
             x = c["result"][key]
             ref = f"{key.split(': ')[0]}: {chosen['rule']}"
-            rel = f" ({x['width'] / c['result'][ref]['width']:.2f})" if ref in c["result"] and c["result"][ref]["width"] else ""
+            rel = (f" ({x['width'] / c['result'][ref]['width']:.2f})"
+                   if ref in c["result"] and c["result"][ref]["width"] else "")
             row.append(f"{x['coverage']:.3f}{rel}")
-        lines.append(f"| {c['metric']} | {c['items']} | {c['seeds'][0]} v {c['seeds'][1]} | {c['sd'][0]:g}, {c['sd'][1]:g}"
+        lines.append(f"| {c['metric']} | {c['items']} | {c['seeds'][0]} v {c['seeds'][1]} | "
+                     f"{c['sd'][0]:g}, {c['sd'][1]:g}"
                      f"{'' if c['usable'] else ' (single seed varies)'} | {c['interaction']:g} | {c['rho']:g} | "
                      f"{c.get('sims', sims)} | "
                      + " | ".join(row) + " |")

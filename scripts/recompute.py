@@ -72,12 +72,15 @@ def compare(ref: list[np.ndarray], new: list[np.ndarray], metric: str, seed_pair
     var_items = np.var(d, ddof=1) / len(d)
     terms = []
     if seed_paired:
-        terms.append(seed_term([b[0] - a[0] for a, b in zip(ref_m, new_m)], [b[1] - a[1] for a, b in zip(ref_m, new_m)], rule))
+        terms.append(seed_term([b[0] - a[0] for a, b in zip(ref_m, new_m)], [b[1] - a[1] for a, b in zip(ref_m, new_m)],
+                               rule))
     else:
-        terms += [seed_term([v for v, _ in side], [u for _, u in side], rule) for side in (ref_m, new_m) if len(side) > 1]
+        terms += [seed_term([v for v, _ in side], [u for _, u in side], rule) for side in (ref_m, new_m)
+                  if len(side) > 1]
     var = var_items + sum(v for v, _ in terms)
     if rule.endswith("separate quantiles"):  # items at the normal quantile, each seed term at its own t, in quadrature
-        def half(c: float) -> float:  # half-width of the two-sided level-c interval (upper-tail quantiles: exact for tiny c)
+        # half-width of the two-sided level-c interval (upper-tail quantiles: exact for tiny c)
+        def half(c: float) -> float:
             return math.sqrt(stats.t.isf(c / 2, len(d) - 1) ** 2 * var_items
                              + sum((stats.t.isf(c / 2, df) if math.isfinite(df) else stats.norm.isf(c / 2)) ** 2 * v
                                    for v, df in terms if v > 0))
@@ -146,8 +149,10 @@ def recomputed(out: Path, report: dict, rule: str) -> list[dict]:
             sorted(seeds[entry["reference"]]) and len(seeds[entry["method"]]) > 1
         mine.append({**compare(a, b, metric, paired, rule), "higher": entry["higher_is_better"], "family": None})
     for family in plan["families"]:
-        wanted = None if family["members"] == "all" else {(x["method"], x["reference"], x["metric"]) for x in family["members"]}
-        idx = [i for i, e in enumerate(report["paired"]) if wanted is None or (e["method"], e["reference"], e["metric"]) in wanted]
+        wanted = None if family["members"] == "all" else {(x["method"], x["reference"], x["metric"])
+                                                          for x in family["members"]}
+        idx = [i for i, e in enumerate(report["paired"])
+               if wanted is None or (e["method"], e["reference"], e["metric"]) in wanted]
         for i, q in zip(idx, (holm if family["correction"] == "holm" else bh)([mine[i]["p"] for i in idx])):
             if family["correction"] == "holm" or mine[i]["family"] is None:
                 mine[i]["family"], mine[i]["q"] = family["name"], q

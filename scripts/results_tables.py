@@ -3,8 +3,8 @@
     .venv/bin/python scripts/results_tables.py            # rewrites every marked block in docs/results/*.md
     .venv/bin/python scripts/results_tables.py --check    # exits 1 naming each block that differs
 
-A block (in a results page or README's headline table) sits between `<!-- NAME:start -->` and `<!-- NAME:end -->`; BLOCKS says which page holds it and what
-writes it. tests/test_docs.py runs the check.
+A block (in a results page or README's headline table) sits between `<!-- NAME:start -->` and `<!-- NAME:end -->`;
+BLOCKS says which page holds it and what writes it. tests/test_docs.py runs the check.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 COLUMNS = [("lambada.acc", "LAMBADA acc"), ("hellaswag.acc_norm", "HellaSwag acc_norm"), ("arc_easy.acc", "ARC-E acc"),
-           ("wikitext.word_perplexity", "WikiText-2 test word PPL"), ("wikitext.heldout_loss", "held-out loss (nats/token)"),
+           ("wikitext.word_perplexity", "WikiText-2 test word PPL"),
+           ("wikitext.heldout_loss", "held-out loss (nats/token)"),
            ("wikitext_file.heldout_loss", "loss, training text's format")]
 SHORT = {"no detectable difference": "not detectable"}
 
@@ -45,7 +46,8 @@ def _cell(entry: dict) -> str:
 
 def paired_table(report: dict) -> str:
     columns = [(m, h) for m, h in COLUMNS if any(e["metric"] == m for e in report["paired"])]
-    lines = ["| comparison | seeds, test | " + " | ".join(h for _, h in columns) + " |", "|---" * (len(columns) + 2) + "|"]
+    lines = ["| comparison | seeds, test | " + " | ".join(h for _, h in columns) + " |",
+             "|---" * (len(columns) + 2) + "|"]
     for key in dict.fromkeys((e["method"], e["reference"]) for e in report["paired"]):
         mine = {e["metric"]: e for e in report["paired"] if (e["method"], e["reference"]) == key}
         first = next(iter(mine.values()))
@@ -62,7 +64,8 @@ def claims_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-HEADLINE = [("skip", "base", "lambada.acc"), ("preproj+skip", "base", "lambada.acc"), ("preproj+skip", "skip", "lambada.acc"),
+HEADLINE = [("skip", "base", "lambada.acc"), ("preproj+skip", "base", "lambada.acc"),
+            ("preproj+skip", "skip", "lambada.acc"),
             ("preproj", "base", "wikitext.word_perplexity"), ("lora", "base", "wikitext.word_perplexity"),
             ("preproj+skip", "lora", "wikitext.heldout_loss")]
 
@@ -71,7 +74,8 @@ def headline(study: Path) -> str:
     """README's short table: the study's comparisons that answer the paper's main questions."""
     report = json.loads((study / "results.json").read_text())
     found = {(e["method"], e["reference"], e["metric"]): e for e in report["paired"]}
-    lines = ["| comparison | metric | seeds | difference [95% interval] | adjusted p | verdict |", "|---|---|---|---|---|---|"]
+    lines = ["| comparison | metric | seeds | difference [95% interval] | adjusted p | verdict |",
+             "|---|---|---|---|---|---|"]
     for key in HEADLINE:
         if key not in found:
             continue
@@ -111,8 +115,8 @@ def bf16_table(out: Path) -> str:
     items = {p: {"wikitext": [d / "eval.items.jsonl" for d in dirs]} for p, dirs in runs.items()}
     base = {"wikitext": [out / "base" / "eval.items.jsonl"]}
     base_ppl = json.loads((out / "base" / "eval.json").read_text())["tasks"]["wikitext"]["perplexity"]
-    lines = ["| precision | seeds | erased: W_up | W_down | W_skip | held-out loss, start → end (mean) | paper PPL (mean) "
-             f"| minus the base ({base_ppl:.2f}) |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| precision | seeds | erased: W_up | W_down | W_skip | held-out loss, start → end (mean) "
+             f"| paper PPL (mean) | minus the base ({base_ppl:.2f}) |", "|---|---|---|---|---|---|---|---|"]
     for precision, dirs in runs.items():
         summaries = [json.loads((d / "summary.json").read_text()) for d in dirs]
         erased = [s.get("bf16_erased_update_fraction_by_module") for s in summaries]
@@ -122,7 +126,8 @@ def bf16_table(out: Path) -> str:
             cells.append(f"{min(shares):.1f}–{max(shares):.1f}%" if shares else "–")
         start = statistics.mean(s["initial_heldout_loss"] for s in summaries)
         end = statistics.mean(s["final_heldout_loss"] for s in summaries)
-        ppl = statistics.mean(json.loads((d / "eval.json").read_text())["tasks"]["wikitext"]["perplexity"] for d in dirs)
+        ppl = statistics.mean(json.loads((d / "eval.json").read_text())["tasks"]["wikitext"]["perplexity"]
+                              for d in dirs)
         (against_base,) = paired_between(base, items[precision], "paper")
         lines.append(f"| `{precision}` | {len(dirs)} | {' | '.join(cells)} | {start:.3f} → {end:.3f} | {ppl:.2f} | "
                      f"{describe(against_base, 2)} |")
@@ -188,7 +193,8 @@ def stale() -> list[str]:
 if __name__ == "__main__":
     if "--check" in sys.argv:
         differ = stale()
-        print("\n".join(f"{page}: differs from its results JSON" for page in differ) or "every results table is current")
+        print("\n".join(f"{page}: differs from its results JSON" for page in differ)
+              or "every results table is current")
         sys.exit(1 if differ else 0)
     for page, blocks in BLOCKS.items():
         (ROOT / page).write_text(rewritten(ROOT / page, blocks))

@@ -50,7 +50,8 @@ def agreement(adapters: list[Path]) -> dict:
     for i in range(len(skips[0])):
         mats = [s[i] for s in skips]
         layers.append({"layer": i, "norms": [float(m.norm()) for m in mats],
-                       "cosines": {f"{adapters[a].name}~{adapters[b].name}": cosine(mats[a], mats[b]) for a, b in pairs}})
+                       "cosines": {f"{adapters[a].name}~{adapters[b].name}": cosine(mats[a], mats[b])
+                                   for a, b in pairs}})
     d = skips[0][0].shape[0]
     return {"adapters": [str(a) for a in adapters], "chance_cosine": 1 / d, "layers": layers}
 
@@ -91,7 +92,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "agreement.json", result)
     plot(result, args.out / "agreement.png")
-    print(f"{'layer':>5} | " + " | ".join(f"norm {Path(a).name}" for a in result["adapters"]) + " | cosine (mean over pairs)")
+    print(f"{'layer':>5} | " + " | ".join(f"norm {Path(a).name}" for a in result["adapters"])
+          + " | cosine (mean over pairs)")
     for x in result["layers"]:
         cos = list(x["cosines"].values())
         print(f"{x['layer']:>5} | " + " | ".join(f"{n:.4f}" for n in x["norms"]) + f" | {sum(cos) / len(cos):.3f}")

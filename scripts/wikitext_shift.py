@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from preproj import data, load_adapter, load_model
+from preproj.analysis.stats import describe, paired_bootstrap, ratio_of_sums
 from preproj.evaluation import LogLikelihood, read_items
 from preproj.evaluation.tasks.wikitext import harness as wikitext_harness
 from preproj.runtime.files import atomic_write, write_json
-from preproj.analysis.stats import describe, paired_bootstrap, ratio_of_sums
 
 CONDITIONS = [(text, window) for text in ("harness", "raw") for window in (2048, 256)]
 

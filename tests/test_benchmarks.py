@@ -30,7 +30,8 @@ def test_train_section_counts_exactly_the_matmuls_a_frozen_probe_needs(bench):
     peak = {"bf16": ((64, 64, 64), 1e9), "fp32": ((64, 64, 64), 1e9)}
     r = bench.bench_train(base, rounds=1, log=lambda msg: None, peak=peak, batch=2, seq=16)
     rows, tokens = r["rows"], 2 * 16
-    assert set(rows) == {f"{m}/{p}" for m in ("preproj+skip", "lora", "base") for p in ("bf16", "fp32")} | {"preproj+skip/bf16/eager"}
+    assert set(rows) == {f"{m}/{p}" for m in ("preproj+skip", "lora", "base") for p in ("bf16", "fp32")} \
+        | {"preproj+skip/bf16/eager"}
     assert all(row["step_s"] > 0 and row["tokens_per_s"] > 0 and row["mfu"] > 0 for row in rows.values())
     assert set(r["peak_in_rounds"]) == {"bf16_flop_per_s", "fp32_flop_per_s"}
     d, h = 64, 80

@@ -16,10 +16,10 @@ import torch
 import transformers
 from conftest import data_dir
 
-from preproj.analysis.report import agreement_paragraph, paired_paragraph
-from preproj.cli import main
 import preproj
 import preproj.analysis.report as report_text
+from preproj.analysis.report import agreement_paragraph, paired_paragraph
+from preproj.cli import main
 from preproj.experiments import compare, sweep
 from preproj.experiments import retrain as retrain_module
 from preproj.experiments.compare import CompareArgs, run_compare
@@ -30,8 +30,9 @@ from preproj.training import TrainingInterrupted
 @pytest.fixture(scope="module")
 def tiny_real_vocab_model(tmp_path_factory, smollm2):
     _, tokenizer = smollm2
-    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=512,
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                                      max_position_embeddings=512,
                                       tie_word_embeddings=True)
     path = tmp_path_factory.mktemp("tiny_llama")
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
@@ -56,7 +57,8 @@ def test_compare_writes_table_results_and_plots(tmp_path, tiny_real_vocab_model,
     d, n = 32, 2
     assert results["methods"]["preproj+skip"]["trainable_params"] == n * (2 * d * 40 + d * d)
     lora = results["methods"]["lora"]["trainable_params"]
-    assert abs(lora - results["methods"]["preproj+skip"]["trainable_params"]) <= 0.01 * results["methods"]["preproj+skip"]["trainable_params"]
+    assert abs(lora - results["methods"]["preproj+skip"]["trainable_params"]) \
+        <= 0.01 * results["methods"]["preproj+skip"]["trainable_params"]
     assert results["methods"]["base"]["trainable_params"] == 0
     cell = results["methods"]["preproj+skip"]["metrics"]["lambada.acc"]
     assert cell["n_items"] == 4 and cell["ci95"] is not None
@@ -75,11 +77,13 @@ def test_compare_writes_table_results_and_plots(tmp_path, tiny_real_vocab_model,
     assert (out / "preproj+skip-seed42" / "items.lambada.jsonl").is_file()
     text = (out / "report.md").read_text()
     assert f"training {results['precision']}, evaluation fp32" in text
-    assert "| preproj+skip | 1 | 0.0003 | 0.01M |" in text and "| base | 1 | – | – |" in text and "| 0 | – |" in text and "## Paired differences" in text and "Pythia-160M" in text and "## What agrees" in text
+    assert "| preproj+skip | 1 | 0.0003 | 0.01M |" in text and "| base | 1 | – | – |" in text and "| 0 | – |" in text \
+        and "## Paired differences" in text and "Pythia-160M" in text and "## What agrees" in text
     # every claim about two methods that were run, with a verdict from its paired entry; the depth claim from skip norms
     claims = {(c["method"], c["reference"], c["metric"]): c for c in results["claims"]}
     assert set(claims) == {(m, r, f"{t}.{metric}") for m, r in (("preproj+skip", "base"), ("preproj+skip", "lora"))
-                           for t, metric in (("lambada", "acc"), ("hellaswag", "acc_norm"), ("wikitext", "word_perplexity"))}
+                           for t, metric in (("lambada", "acc"), ("hellaswag", "acc_norm"),
+                                             ("wikitext", "word_perplexity"))}
     for key, c in claims.items():
         p = next(x for x in results["paired"] if (x["method"], x["reference"], x["metric"]) == key)
         assert (c["effect"], c["low"], c["high"]) == (p["effect"], p["low"], p["high"]) and c["verdict"] in text
@@ -108,7 +112,8 @@ def test_compare_writes_table_results_and_plots(tmp_path, tiny_real_vocab_model,
     # its times count every part: the tasks scored before the stop as well as the one after, and the training
     lora_dir = out / "lora-seed42"
     lora_run = json.loads((lora_dir / "result.json").read_text())
-    parts = [json.loads((lora_dir / f"eval.{t}.json").read_text())["seconds"] for t in ("lambada", "hellaswag", "arc_easy", "wikitext")]
+    parts = [json.loads((lora_dir / f"eval.{t}.json").read_text())["seconds"]
+             for t in ("lambada", "hellaswag", "arc_easy", "wikitext")]
     assert lora_run["eval_seconds"] == sum(parts) > 0
     assert lora_run["train_seconds"] == json.loads((lora_dir / "summary.json").read_text())["train_seconds"] > 0
     # ... but only if the weights are the very ones it scored
@@ -141,7 +146,8 @@ def test_precisions_that_load_the_base_differently_are_refused(tmp_path):
 
 def test_report_only_needs_a_finished_run(tmp_path):
     with pytest.raises(ValueError, match="No .method, seed. run has finished"):
-        run_compare(CompareArgs(methods="base,lora", lr_sweep="none", report_only=True, out=str(tmp_path)), progress=False)
+        run_compare(CompareArgs(methods="base,lora", lr_sweep="none", report_only=True, out=str(tmp_path)),
+                    progress=False)
 
 
 def test_agreement_paragraph_reads_the_numbers():
@@ -158,21 +164,25 @@ def test_agreement_paragraph_reads_the_numbers():
     # a paired test on the same items, where there is one, decides whether a change is detectable
     report["methods"]["base"]["metrics"]["hellaswag.acc_norm"]["ci95"] = 0.05
     assert "HellaSwag -0.01 (paper +0.012: opposite direction, not detectable)" in agreement_paragraph(report)
-    report["paired"] = [{"method": "preproj+skip", "reference": "base", "metric": "hellaswag.acc_norm", "verdict": "worse"}]
+    report["paired"] = [{"method": "preproj+skip", "reference": "base", "metric": "hellaswag.acc_norm",
+                         "verdict": "worse"}]
     assert "HellaSwag -0.01 (paper +0.012: opposite direction)" in agreement_paragraph(report)
 
 
 @pytest.mark.integration
-def test_learning_rates_are_swept_per_method_and_seeds_go_where_asked(tmp_path, tiny_real_vocab_model, monkeypatch, caplog):
+def test_learning_rates_are_swept_per_method_and_seeds_go_where_asked(tmp_path, tiny_real_vocab_model, monkeypatch,
+                                                                      caplog):
     assert data_dir() is not None, "../shared/data or $PREPROJ_DATA_DIR is needed"
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(f"line {i}: the quick brown fox jumps over the lazy dog and keeps running {i}" for i in range(400)))
+    corpus.write_text("\n".join(f"line {i}: the quick brown fox jumps over the lazy dog and keeps running {i}"
+                                for i in range(400)))
     small = {**compare.PRESETS["cpu"]["train"], "data": str(corpus), "seq_len": 32, "batch_size": 2, "eval_every": 2,
              "save_every": 2, "warmup": 1}
     monkeypatch.setitem(compare.PRESETS["cpu"], "train", small)
     monkeypatch.setitem(compare.PRESETS["cpu"], "eval", {**compare.PRESETS["cpu"]["eval"], "max_length": 256})
-    args = CompareArgs(model=tiny_real_vocab_model, methods="base,skip,lora", steps=2, limit=3, seeds=2, seeded_methods="skip",
-                       lr_sweep="1e-4,3e-2", sweep_steps=2, data_dir=str(data_dir()), out=str(tmp_path / "cmp"))
+    args = CompareArgs(model=tiny_real_vocab_model, methods="base,skip,lora", steps=2, limit=3, seeds=2,
+                       seeded_methods="skip", lr_sweep="1e-4,3e-2", sweep_steps=2, data_dir=str(data_dir()),
+                       out=str(tmp_path / "cmp"))
     with caplog.at_level("INFO", logger="preproj"):
         report = run_compare(args, progress=False)
     sweep = json.loads((tmp_path / "cmp" / "sweep" / "sweep.json").read_text())
@@ -245,7 +255,8 @@ def test_agreement_paragraph_has_no_direction_where_the_paper_saw_no_change():
         return {"metrics": {k: {"mean": v, "ci95": 0.05} for k, v in cells.items()}}
 
     # the paper's Pythia-160M LoRA has HellaSwag 0.326, the same as its base
-    report = {"protocol": "harness", "methods": {"base": row(0.30, 0.40, 0.50, 30.0), "lora": row(0.30, 0.375, 0.50, 40.0)}}
+    report = {"protocol": "harness",
+              "methods": {"base": row(0.30, 0.40, 0.50, 30.0), "lora": row(0.30, 0.375, 0.50, 40.0)}}
     assert "HellaSwag -0.025 (paper +0: no change in the paper; ours not detectable)" in agreement_paragraph(report)
 
 
@@ -366,7 +377,8 @@ def test_a_task_added_after_a_run_finished_is_scored_on_its_retrained_weights(tm
     caplog.clear()
     with caplog.at_level("WARNING"):
         run_compare(replace(args, fill_missing=True), progress=False)
-    assert f"the retrain departs from the recorded run (step 1 loss {log[1]['loss'] - 2**-20!r}, recorded" in caplog.text
+    assert (f"the retrain departs from the recorded run (step 1 loss {log[1]['loss'] - 2**-20!r}, recorded"
+            in caplog.text)
     assert "trained with the kernels this process runs, so something else changed" in caplog.text
     assert "wikitext_file" not in json.loads((skip_dir / "result.json").read_text())["tasks"]
     assert not [p for p in (tmp_path / "cmp").iterdir() if ".retrain" in p.name]

@@ -46,7 +46,8 @@ def test_precision_words_mean_one_thing():
 
 def test_auto_precision_is_bf16_autocast_only_where_bf16_matmuls_are_native(monkeypatch):
     # A CPU without avx512_bf16 or AMX runs bf16 matmuls several times slower than fp32 (measured: benchmarks).
-    for avx512_bf16, amx, expected in ((False, False, "fp32"), (True, False, "bf16-mixed"), (False, True, "bf16-mixed")):
+    for avx512_bf16, amx, expected in ((False, False, "fp32"), (True, False, "bf16-mixed"),
+                                       (False, True, "bf16-mixed")):
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
         assert precision("auto", "cpu").name == expected
@@ -87,7 +88,8 @@ def test_bf16_matmuls_in_float32_give_the_native_numbers(monkeypatch, name):
 
 def test_emulated_bf16_training_matches_native_and_survives_activation_checkpointing(tmp_path, monkeypatch):
     corpus = tmp_path / "c.txt"
-    corpus.write_text("\n".join(f"line {i}: the quick brown fox jumps over the lazy dog and keeps running {i * 7}" for i in range(60)))
+    corpus.write_text("\n".join(f"line {i}: the quick brown fox jumps over the lazy dog and keeps running {i * 7}"
+                                for i in range(60)))
 
     def run(out, native, **kw):
         _native_bf16(monkeypatch, native)
@@ -114,7 +116,8 @@ def test_auto_is_resolved_once_and_recorded(tmp_path, monkeypatch):
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(f"line {i}: the quick brown fox jumps over the lazy dog {i * 7}" for i in range(50)))
     summary, _ = train(TrainArgs(model="tiny", out=str(tmp_path / "run"), data=str(corpus), steps=1, batch_size=2,
-                                 seq_len=16, eval_batches=1, device="cpu"), tiny_model("llama"), CharTokenizer(), progress=False)
+                                 seq_len=16, eval_batches=1, device="cpu"), tiny_model("llama"), CharTokenizer(),
+                       progress=False)
     assert TrainArgs().precision == "auto" and summary["precision"] == "fp32"
     assert json.loads((tmp_path / "run" / "train_config.json").read_text())["precision"] == "fp32"
 
@@ -133,7 +136,8 @@ def test_device_specs_resolve_or_say_what_is_wrong(monkeypatch):
 @pytest.mark.parametrize("name", ["bf16-true", "bf16-frozen"])
 def test_load_and_train_follow_the_precision(tmp_path, name):
     corpus = tmp_path / "c.txt"
-    corpus.write_text("\n".join(f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away {i * 7}" for i in range(50)))
+    corpus.write_text("\n".join(f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away "
+                                f"{i * 7}" for i in range(50)))
     p = precision(name)
     model = tiny_model("llama", dtype=p.weights)
     summary, trained = train(TrainArgs(model="tiny", out=str(tmp_path / "run"), data=str(corpus), steps=2, batch_size=2,
@@ -173,7 +177,8 @@ class FactoryCalls(TorchFunctionMode):
 
 def test_training_and_eval_create_no_tensor_on_the_default_device(tmp_path):
     corpus = tmp_path / "c.txt"
-    corpus.write_text("\n".join(f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away {i * 7}" for i in range(50)))
+    corpus.write_text("\n".join(f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away "
+                                f"{i * 7}" for i in range(50)))
     recorder = FactoryCalls()
     with recorder:
         _, model = train(TrainArgs(model="tiny", out=str(tmp_path / "run"), data=str(corpus), steps=3, batch_size=2,
@@ -253,7 +258,8 @@ def test_the_scan_finds_what_it_looks_for(tmp_path):
 @pytest.mark.parametrize("name", ["fp32", "bf16-mixed", "bf16-frozen"])
 def test_cuda_training_matches_cpu_and_resumes_bitwise(tmp_path, name):
     corpus = tmp_path / "c.txt"
-    corpus.write_text("\n".join(f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away {i * 7}" for i in range(80)))
+    corpus.write_text("\n".join(f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away "
+                                f"{i * 7}" for i in range(80)))
 
     def args(out, **kw):
         base = dict(model="tiny", out=str(tmp_path / out), data=str(corpus), steps=6, batch_size=2, seq_len=16,
@@ -261,7 +267,8 @@ def test_cuda_training_matches_cpu_and_resumes_bitwise(tmp_path, name):
         return TrainArgs(**{**base, **kw})
 
     p = precision(name)
-    on_gpu, model = train(args("gpu", device="cuda"), tiny_model("llama", dtype=p.weights), CharTokenizer(), progress=False)
+    on_gpu, model = train(args("gpu", device="cuda"), tiny_model("llama", dtype=p.weights), CharTokenizer(),
+                          progress=False)
     assert next(model.parameters()).device.type == "cuda"
     on_cpu, _ = train(args("cpu", device="cpu"), tiny_model("llama", dtype=p.weights), CharTokenizer(), progress=False)
     tol = 1e-4 if name == "fp32" else 5e-2
@@ -281,10 +288,12 @@ def test_cuda_training_matches_cpu_and_resumes_bitwise(tmp_path, name):
     killed.model.forward = dies
     with pytest.raises(KeyboardInterrupt):
         train(args("resumed", device="cuda"), killed, CharTokenizer(), progress=False)
-    train(args("resumed", device="cuda", resume=True), tiny_model("llama", dtype=p.weights), CharTokenizer(), progress=False)
+    train(args("resumed", device="cuda", resume=True), tiny_model("llama", dtype=p.weights), CharTokenizer(),
+          progress=False)
     from safetensors.torch import load_file
 
-    a, b = load_file(tmp_path / "gpu" / "adapter_model.safetensors"), load_file(tmp_path / "resumed" / "adapter_model.safetensors")
+    a, b = (load_file(tmp_path / "gpu" / "adapter_model.safetensors"),
+            load_file(tmp_path / "resumed" / "adapter_model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 

@@ -23,7 +23,8 @@ from safetensors.torch import load_file
 from preproj import load_adapter, load_model
 from preproj.cli import main
 
-LINES = [f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away {i * 7}" for i in range(300)]
+LINES = [f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away {i * 7}"
+         for i in range(300)]
 TRAIN = ["--data", "CORPUS", "--grad-accum", "2", "--seq-len", "32", "--lr", "1e-2", "--warmup", "2",
          "--eval-every", "3", "--eval-batches", "2", "--save-every", "2", "--precision", "fp32", "--device", "cpu"]
 
@@ -38,7 +39,8 @@ def setup(tmp_path_factory):
 
 
 def preproj_cmd(*args: str, nproc: int = 2) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "preproj", *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "preproj",
+            *args]
 
 
 def run(cmd: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
@@ -60,7 +62,8 @@ def adapter_of(out: Path) -> dict[str, torch.Tensor]:
 def single(setup):
     """One process at micro-batch 4: the reference."""
     root, model, train = setup
-    assert main(["train", "--model", model, *train, "--steps", "6", "--batch-size", "4", "--out", str(root / "single")]) == 0
+    assert main(["train", "--model", model, *train, "--steps", "6", "--batch-size", "4",
+                 "--out", str(root / "single")]) == 0
     return root / "single"
 
 
@@ -82,8 +85,8 @@ def assert_same_run(a: Path, b: Path, tol: float) -> None:
 def test_two_processes_equal_one_process_at_twice_the_batch(setup, single, strategy):
     root, model, train = setup
     out = root / f"two-{strategy}"
-    proc = run(preproj_cmd("train", "--model", model, *train, "--steps", "6", "--batch-size", "2", "--strategy", strategy,
-                           "--out", str(out)))
+    proc = run(preproj_cmd("train", "--model", model, *train, "--steps", "6", "--batch-size", "2",
+                           "--strategy", strategy, "--out", str(out)))
     assert proc.stdout.count("summary:") == 1  # rank 0 alone reports
     assert_same_run(single, out, 1e-5)
     config = json.loads((out / "train_config.json").read_text())

@@ -46,12 +46,14 @@ def _help(command: str) -> str:
 def test_the_command_table_names_only_flags_each_command_has(page):
     text = page.read_text()
     rows = re.findall(r"^\| `preproj (\w+)([^`]*)` \|", text, flags=re.M)
-    assert {name for name, _ in rows} >= {"inspect", "train", "eval", "compare", "paired", "harness", "pretrain", "scaling"}
+    assert {name for name, _ in rows} >= {"inspect", "train", "eval", "compare", "paired", "harness", "pretrain",
+                                          "scaling"}
     for name, usage in rows:
         flags = set(re.findall(r"--[a-z][a-z-]*", usage))
         missing = [f for f in flags if f not in _help(name)]
         assert not missing, f"{page.name}'s command table shows {missing} for `preproj {name}`, whose --help lacks them"
-    said = re.search(r"`inspect`, `train`, `eval`, `compare`, `pretrain` and `scaling` take `--device` and\s+`--precision`", text)
+    said = re.search(r"`inspect`, `train`, `eval`, `compare`, `pretrain` and `scaling` take `--device` and"
+                     r"\s+`--precision`", text)
     assert said, f"{page.name} no longer says which commands take --device and --precision; keep this test in step"
     for name in ("inspect", "train", "eval", "compare", "pretrain", "scaling"):
         assert "--device" in _help(name) and "--precision" in _help(name), name

@@ -46,7 +46,8 @@ def _reference(model, ctx, cont):
 def test_batched_scores_equal_one_at_a_time_full_logits(family):
     model = tiny_model(family)
     g = torch.Generator().manual_seed(0)
-    pairs = [(torch.randint(3, 90, (int(a),), generator=g).tolist(), torch.randint(3, 90, (int(b),), generator=g).tolist())
+    pairs = [(torch.randint(3, 90, (int(a),), generator=g).tolist(),
+              torch.randint(3, 90, (int(b),), generator=g).tolist())
              for a, b in [(5, 3), (1, 1), (30, 7), (12, 12), (2, 20)]]
     score = LogLikelihood(model, CharTokenizer(), batch_tokens=64, progress=False)
     assert score.fast
@@ -263,7 +264,8 @@ def test_per_item_records_round_trip_and_give_the_metrics(tmp_path):
     for task, m in report["tasks"].items():
         assert len(by_task[task]) == m["n"] == 3 and [r["index"] for r in by_task[task]] == [0, 1, 2]
     assert np.mean([r["acc"] for r in by_task["lambada"]]) == report["tasks"]["lambada"]["acc"]
-    assert math.exp(-np.mean([r["ll"] for r in by_task["lambada"]])) == pytest.approx(report["tasks"]["lambada"]["perplexity"])
+    assert math.exp(-np.mean([r["ll"] for r in by_task["lambada"]])) \
+        == pytest.approx(report["tasks"]["lambada"]["perplexity"])
     for task in ("arc_easy", "hellaswag"):
         recs = by_task[task]
         assert np.mean([r["acc_norm"] for r in recs]) == report["tasks"][task]["acc_norm"]
@@ -333,7 +335,8 @@ def test_no_data_directory_offline_fails_at_once_and_names_the_variable_only_as_
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     hub.reachable.cache_clear()
     start = time.monotonic()
-    with pytest.raises(datasets.DataNotFound, match=r"no --data-dir given and \$PREPROJ_DATA_DIR is not set.*unreachable"):
+    with pytest.raises(datasets.DataNotFound,
+                       match=r"no --data-dir given and \$PREPROJ_DATA_DIR is not set.*unreachable"):
         datasets.lambada(datasets.resolve_data_dir(None))
     assert time.monotonic() - start < 10
     hub.reachable.cache_clear()

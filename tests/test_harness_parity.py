@@ -27,7 +27,8 @@ def run_both(model, tokenizer, include: Path, data: Path) -> tuple[dict, dict]:
     for task, limit in LIMIT.items():
         out = run_harness(model, tokenizer, [f"preproj_{task}"], limit=limit, batch_size=8, include_path=str(include),
                           max_length=MAX_LENGTH)
-        harness[task] = {k.split(",")[0]: v for k, v in out["results"][f"preproj_{task}"].items() if k.endswith(",none")}
+        harness[task] = {k.split(",")[0]: v for k, v in out["results"][f"preproj_{task}"].items()
+                         if k.endswith(",none")}
     ours = {task: evaluate(model, tokenizer, [task], limit=limit, data_dir=data, max_length=MAX_LENGTH,
                            progress=False)["tasks"][task] for task, limit in LIMIT.items()}
     return harness, ours
@@ -36,7 +37,8 @@ def run_both(model, tokenizer, include: Path, data: Path) -> tuple[dict, dict]:
 def assert_parity(harness: dict, ours: dict) -> None:
     for task in ("lambada", "hellaswag", "arc_easy"):
         for metric in ("acc", "acc_norm") if task != "lambada" else ("acc",):
-            assert ours[task][metric] == harness[task][metric], (task, metric, ours[task][metric], harness[task][metric])
+            assert ours[task][metric] == harness[task][metric], (task, metric, ours[task][metric],
+                                                                 harness[task][metric])
         assert ours[task]["n"] == LIMIT[task]
     # The issue asks for 0.5%; batching order aside the computation is the same, so hold it to 1e-4.
     assert ours["lambada"]["perplexity"] == pytest.approx(harness["lambada"]["perplexity"], rel=1e-4)

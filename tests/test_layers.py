@@ -6,6 +6,8 @@ sibling at the same height (training and evaluation, core and data, methods and 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -114,7 +116,8 @@ def test_the_checker_sees_an_upward_arrow(tmp_path, monkeypatch):
     """The check itself can fail: a core module that imports training is caught."""
     fake = SRC / "core" / "attach.py"
     text = fake.read_text() + "\nfrom ..training import loop\n"
-    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: text if self == fake else Path.read_bytes(self).decode())
+    monkeypatch.setattr(Path, "read_text",
+                        lambda self, *a, **k: text if self == fake else Path.read_bytes(self).decode())
     with pytest.raises(AssertionError, match=r"preproj\.core\.attach -> preproj\.training\.loop"):
         test_imports_point_down(fake)
 
@@ -130,8 +133,19 @@ def test_functions_and_modules_stay_small():
         text = path.read_text()
         tree = ast.parse(text)
         for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= FUNCTION_LINES:
-                long_functions.append(f"{path.relative_to(SRC)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
-        if len(text.splitlines()) > MODULE_LINES and "longer than the others because" not in " ".join((ast.get_docstring(tree) or "").split()):
+            if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and node.end_lineno - node.lineno >= FUNCTION_LINES):
+                long_functions.append(f"{path.relative_to(SRC)}:{node.name} "
+                                      f"({node.end_lineno - node.lineno + 1} lines)")
+        if (len(text.splitlines()) > MODULE_LINES
+                and "longer than the others because" not in " ".join((ast.get_docstring(tree) or "").split())):
             long_modules.append(f"{path.relative_to(SRC)} ({len(text.splitlines())} lines)")
     assert not long_functions and not long_modules, f"split these, or say why: {long_functions + long_modules}"
+
+
+def test_the_code_passes_its_linter():
+    """ruff with the rules pyproject.toml selects (pinned in the test extra, so a new ruff release cannot fail CI)."""
+    root = SRC.parents[1]
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "src", "tests", "scripts"],
+                          cwd=root, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -20,7 +20,8 @@ def test_local_directory_loads_through_automodel(tmp_path, smollm2):
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     loaded, _ = load_model(str(tmp_path))
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values(), strict=True))
+    assert all(torch.equal(a, b)
+               for a, b in zip(model.state_dict().values(), loaded.state_dict().values(), strict=True))
     # every name `--precision` takes is also a dtype: "auto" loads the base in float32 whatever it then runs in
     for name, dtype in {"auto": torch.float32, "bf16-true": torch.bfloat16, "float16": torch.float16}.items():
         assert {p.dtype for p in load_model(str(tmp_path), dtype=name)[0].parameters()} == {dtype}

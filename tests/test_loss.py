@@ -30,14 +30,16 @@ def _labels(ids: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("chunk_rows", [5, 256])
 def test_equals_transformers_loss_and_gradients_fp32(family, chunk_rows, monkeypatch):
     monkeypatch.setattr("preproj.core.loss.CHUNK_ROWS", chunk_rows)  # 5: many chunks, with a ragged last one
-    model = attach(tiny_model(family), PreProjConfig(preproj_init_std=0.2, skip_init_std=0.2))  # eval mode: no dropout, so both runs see the same function
+    # eval mode: no dropout, so both runs see the same function
+    model = attach(tiny_model(family), PreProjConfig(preproj_init_std=0.2, skip_init_std=0.2))
     ids = input_ids(3, 16)
     labels = _labels(ids)
     ref, ref_grads = _loss_and_grads(model, lambda: model(input_ids=ids, labels=labels).loss, autocast=False)
     ours, our_grads = _loss_and_grads(model, lambda: causal_lm_loss(model, ids, labels), autocast=False)
     # the fused path really ran, except for a head with a bias (GPT-J) or soft-capped logits (Gemma-2), which
     # fall back to the model's own loss
-    plain = model.get_output_embeddings().bias is None and getattr(model.config, "final_logit_softcapping", None) is None
+    plain = (model.get_output_embeddings().bias is None
+             and getattr(model.config, "final_logit_softcapping", None) is None)
     assert (body_and_head(model) is not None) == plain
     torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6)
     assert set(our_grads) == set(ref_grads) and len(ref_grads) > 0
@@ -47,7 +49,8 @@ def test_equals_transformers_loss_and_gradients_fp32(family, chunk_rows, monkeyp
 
 def test_bf16_autocast_matches_transformers_to_bf16_precision(monkeypatch):
     monkeypatch.setattr("preproj.core.loss.CHUNK_ROWS", 7)
-    model = attach(tiny_model("llama"), PreProjConfig(preproj_init_std=0.2, skip_init_std=0.2))  # eval mode: no dropout, so both runs see the same function
+    # eval mode: no dropout, so both runs see the same function
+    model = attach(tiny_model("llama"), PreProjConfig(preproj_init_std=0.2, skip_init_std=0.2))
     ids = input_ids(3, 16)
     labels = _labels(ids)
     ref, ref_grads = _loss_and_grads(model, lambda: model(input_ids=ids, labels=labels).loss, autocast=True)

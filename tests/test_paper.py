@@ -34,7 +34,8 @@ def planted(method: str, reference: str, task: str, delta: float, n: int = 3000,
 
 def checked_claims(paired: list[dict], protocol: str = "harness", plan: dict | None = None) -> list[dict]:
     """compare's path: the default plan's corrections, then the claims."""
-    plan = plan or analysis_plan(Path("/nonexistent"), ["base", "lora", "skip", "preproj", "preproj+skip", "preproj+lora"], protocol)
+    plan = plan or analysis_plan(Path("/nonexistent"),
+                                 ["base", "lora", "skip", "preproj", "preproj+skip", "preproj+lora"], protocol)
     correct(paired, plan)
     return check_claims(paired, plan, column_names(protocol))
 
@@ -47,7 +48,8 @@ def test_a_claim_is_confirmed_refuted_or_undetectable_by_its_paired_interval():
     checked = {c["metric"]: c for c in checked_claims(paired)}
     assert set(checked) == {"lambada.acc", "wikitext.word_perplexity", "hellaswag.acc_norm"}
     assert checked["lambada.acc"]["verdict"] == "confirmed" and checked["lambada.acc"]["low"] > 0
-    assert checked["wikitext.word_perplexity"]["verdict"] == "refuted" and checked["wikitext.word_perplexity"]["effect"] > 0
+    assert checked["wikitext.word_perplexity"]["verdict"] == "refuted" \
+        and checked["wikitext.word_perplexity"]["effect"] > 0
     undetected = checked["hellaswag.acc_norm"]
     assert undetected["verdict"] == "not detectable at this budget" and undetected["low"] < 0 < undetected["high"]
     rows = "\n".join(claims_table(list(checked.values()), None, digits))

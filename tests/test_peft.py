@@ -61,7 +61,8 @@ def test_trainable_parameters_are_the_adapter_and_match_preproj_count(peft_pair,
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(".preproj_adapters.default." in n for n in trainable)
     native = preproj.attach(tiny_model(family), PreProjConfig())
-    assert sum(p.numel() for n, p in model.named_parameters() if p.requires_grad) == preproj.trainable_parameters(native)
+    assert sum(p.numel() for n, p in model.named_parameters() if p.requires_grad) \
+        == preproj.trainable_parameters(native)
 
 
 def test_only_adapter_parameters_change_after_a_step(peft_pair):
@@ -95,7 +96,8 @@ def test_peft_and_preproj_write_the_same_files(peft_pair, family, tmp_path):
     ja, jb = (json.loads((tmp_path / d / "adapter_config.json").read_text()) for d in ("peft", "preproj"))
     only_peft = {"peft_version", "auto_mapping", "revision"}  # PEFT's bookkeeping, not needed to load
     assert set(ja) - only_peft == set(jb)
-    assert {k: ja[k] for k in jb if k != "base_model_name_or_path"} == {k: jb[k] for k in jb if k != "base_model_name_or_path"}
+    assert {k: ja[k] for k in jb if k != "base_model_name_or_path"} \
+        == {k: jb[k] for k in jb if k != "base_model_name_or_path"}
 
 
 def test_peft_loads_an_adapter_written_by_preproj(family, tmp_path):
@@ -218,7 +220,8 @@ def test_a_decoder_outside_the_table_works_through_peft(tmp_path):
     structure = {"layers": "transformer.h", "attention": "self_attention", "input_norm": "input_layernorm"}
     ids = input_ids() % 64
     model = get_peft_model(bloom(), PreProjPeftConfig(structure=structure, **BUSY))
-    assert model.base_model.targeted_module_names == ["transformer.h.0.self_attention", "transformer.h.1.self_attention"]
+    assert model.base_model.targeted_module_names == ["transformer.h.0.self_attention",
+                                                      "transformer.h.1.self_attention"]
     model.save_pretrained(tmp_path)
     assert torch.equal(logits(preproj.load_adapter(bloom(), tmp_path), ids), logits(model, ids))
     with pytest.raises(ValueError, match="does not receive the output of post_attention_layernorm"):

@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 
 TRAINED = ["preproj", "skip", "preproj+skip", "lora", "preproj+lora"]
 SCRATCH = ["base", "preproj+skip"]
-CORPUS = [f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away {i * 7}" for i in range(200)]
+CORPUS = [f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away {i * 7}"
+          for i in range(200)]
 
 # Recorded on 2026-12-02 from main at 3a9827c, before the move into layered packages.
 PINNED_TRAINING = {'lora': {'count': 43008,
@@ -106,9 +107,10 @@ def tensors_fingerprint(directory: Path) -> dict:
     for path in sorted(directory.rglob("*.safetensors")):
         if "checkpoint" in path.parts:
             continue
-        for name, tensor in sorted(load_file(path).items()):
+        for _name, tensor in sorted(load_file(path).items()):
             values = tensor.double()
-            total, squares, count = total + values.sum().item(), squares + values.square().sum().item(), count + values.numel()
+            total, squares, count = (total + values.sum().item(), squares + values.square().sum().item(),
+                                     count + values.numel())
     return {"count": count, "sum": total, "sum_of_squares": squares}
 
 
@@ -121,7 +123,8 @@ def training_fingerprint(method: str, tmp_path: Path) -> dict:
                      grad_accum=2, seq_len=32, lr=1e-2, warmup=2, eval_every=3, eval_batches=2, save_every=100,
                      precision="fp32", device="cpu")
     summary, _ = train(args, tiny_model("llama"), CharTokenizer(), progress=False)
-    return {"initial_heldout_loss": summary["initial_heldout_loss"], "final_heldout_loss": summary["final_heldout_loss"],
+    return {"initial_heldout_loss": summary["initial_heldout_loss"],
+            "final_heldout_loss": summary["final_heldout_loss"],
             **tensors_fingerprint(tmp_path / method)}
 
 

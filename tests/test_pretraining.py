@@ -16,9 +16,9 @@ from preproj.training.scratch import (
     Shape,
     build_model,
     count_params,
+    first_token_attention,
     matched_plain,
     pretrain,
-    first_token_attention,
     pretrain_methods,
     train_flops_per_token,
     train_tokenizer,
@@ -131,11 +131,12 @@ def test_bad_pretrain_arguments_are_refused_in_one_line(argv, message, text_file
 
 
 def test_a_pretrain_resumed_with_another_rate_is_refused(text_file, tmp_path):
-    pretrain(small_args(tmp_path / "run", text_file, method="preproj+skip", tokens=64 * 8 * 6, save_every=3), progress=False)
+    pretrain(small_args(tmp_path / "run", text_file, method="preproj+skip", tokens=64 * 8 * 6, save_every=3),
+             progress=False)
     recorded = (tmp_path / "run" / "train_config.json").read_text()
     with pytest.raises(ValueError, match=r"started with other arguments \(lr 0\.003 -> 0\.01\)"):
-        pretrain(small_args(tmp_path / "run", text_file, method="preproj+skip", tokens=64 * 8 * 6, save_every=3, lr=1e-2,
-                            resume=True), progress=False)
+        pretrain(small_args(tmp_path / "run", text_file, method="preproj+skip", tokens=64 * 8 * 6, save_every=3,
+                            lr=1e-2, resume=True), progress=False)
     assert (tmp_path / "run" / "train_config.json").read_text() == recorded
 
 

@@ -30,7 +30,8 @@ from preproj.core.adapter import config_from_metadata
 from preproj.runtime.files import RunInUse, RunLock, WriteFailed, atomic_write
 from preproj.training import TrainArgs, TrainingInterrupted, train
 
-LINES = [f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away {i * 7}" for i in range(300)]
+LINES = [f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away {i * 7}"
+         for i in range(300)]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,8 @@ def env(tmp_path_factory):
     truncated = root / "truncated-adapter"
     truncated.mkdir()
     (truncated / "adapter_config.json").write_text((llama_adapter / "adapter_config.json").read_text())
-    (truncated / "adapter_model.safetensors").write_bytes((llama_adapter / "adapter_model.safetensors").read_bytes()[:100])
+    (truncated / "adapter_model.safetensors").write_bytes(
+        (llama_adapter / "adapter_model.safetensors").read_bytes()[:100])
     corrupt = root / "corrupt-run"
     (corrupt / "checkpoint").mkdir(parents=True)
     (corrupt / "train_log.jsonl").write_text('{"step": 0}\n')
@@ -62,8 +64,8 @@ def env(tmp_path_factory):
 
 
 def T(env, *extra):  # a training command on the tiny model that would otherwise run
-    return ["train", "--model", env["model"], "--data", env["corpus"], "--steps", "2", "--batch-size", "2", "--seq-len", "16",
-            "--device", "cpu", "--precision", "fp32", "--out", str(env["root"] / "unused"), *extra]
+    return ["train", "--model", env["model"], "--data", env["corpus"], "--steps", "2", "--batch-size", "2",
+            "--seq-len", "16", "--device", "cpu", "--precision", "fp32", "--out", str(env["root"] / "unused"), *extra]
 
 
 def E(env, *extra):  # an evaluation command on the tiny model that would otherwise run
@@ -78,7 +80,8 @@ CASES = [
     ("eval-limit-text", lambda e: E(e, "--limit", "abc"), "argument --limit: expected an integer, got 'abc'"),
     ("eval-batch-tokens-zero", lambda e: E(e, "--batch-tokens", "0"), "--batch-tokens: must be >= 1"),
     ("eval-max-length-one", lambda e: E(e, "--max-length", "1"), "--max-length: must be >= 2"),
-    ("eval-max-length-huge", lambda e: E(e, "--max-length", "100000"), "--max-length 100000 exceeds this model's context of 256"),
+    ("eval-max-length-huge", lambda e: E(e, "--max-length", "100000"),
+     "--max-length 100000 exceeds this model's context of 256"),
     ("eval-task-unknown", lambda e: E(e, "--tasks", "nope"), "Unknown task(s) ['nope']"),
     ("eval-tasks-empty", lambda e: E(e, "--tasks", ","), "Unknown task(s) []"),
     ("eval-protocol", lambda e: E(e, "--protocol", "lm-eval"), "protocol must be one of"),
@@ -89,15 +92,18 @@ CASES = [
     ("eval-model-missing", lambda e: E(e, "--model", str(e["root"] / "nothing")), "No such directory"),
     ("eval-model-file", lambda e: E(e, "--model", str(e["root"] / "a-file")), "is a file, not a model directory"),
     ("eval-adapter-missing", lambda e: E(e, "--adapter", str(e["root"] / "nothing")), "No adapter_config.json"),
-    ("eval-adapter-other-family", lambda e: E(e, "--adapter", str(e["root"] / "gpt2-adapter")), "model family mismatch"),
-    ("eval-adapter-truncated", lambda e: E(e, "--adapter", str(e["root"] / "truncated-adapter")), "truncated or corrupt"),
+    ("eval-adapter-other-family", lambda e: E(e, "--adapter", str(e["root"] / "gpt2-adapter")),
+     "model family mismatch"),
+    ("eval-adapter-truncated", lambda e: E(e, "--adapter", str(e["root"] / "truncated-adapter")),
+     "truncated or corrupt"),
     ("eval-items-without-out", lambda e: E(e, "--items"), "--items writes next to --out; give --out too"),
     ("eval-data-dir-missing", lambda e: E(e, "--data-dir", str(e["root"] / "nothing")), "is not a directory"),
     ("train-steps-zero", lambda e: T(e, "--steps", "0"), "argument --steps: must be >= 1, got 0"),
     ("train-batch-zero", lambda e: T(e, "--batch-size", "0"), "argument --batch-size: must be >= 1"),
     ("train-accum-negative", lambda e: T(e, "--grad-accum", "-1"), "argument --grad-accum: must be >= 1"),
     ("train-seq-one", lambda e: T(e, "--seq-len", "1"), "argument --seq-len: must be >= 2"),
-    ("train-seq-huge", lambda e: T(e, "--seq-len", "100000"), "--seq-len 100000 exceeds this model's context of 256"),
+    ("train-seq-huge", lambda e: T(e, "--seq-len", "100000"),
+     "--seq-len 100000 exceeds this model's context of 256"),
     ("train-lr-zero", lambda e: T(e, "--lr", "0"), "argument --lr: must be > 0, got 0"),
     ("train-lr-negative", lambda e: T(e, "--lr=-1e-3"), "argument --lr: must be > 0"),
     ("train-lr-nan", lambda e: T(e, "--lr", "nan"), "argument --lr: must be > 0, got nan"),
@@ -111,34 +117,45 @@ CASES = [
     ("train-eval-batches-zero", lambda e: T(e, "--eval-batches", "0"), "argument --eval-batches: must be >= 1"),
     ("train-nproc-zero", lambda e: T(e, "--nproc", "0"), "argument --nproc: must be >= 1"),
     ("train-lines-zero", lambda e: T(e, "--lines", "0"), "argument --lines: must be >= 1"),
-    ("train-lora-rank-zero", lambda e: T(e, "--lora-rank", "0"), "--lora-rank must be a positive integer or 'paper', got '0'"),
+    ("train-lora-rank-zero", lambda e: T(e, "--lora-rank", "0"),
+     "--lora-rank must be a positive integer or 'paper', got '0'"),
     ("train-seed-negative", lambda e: T(e, "--seed", "-5"), "argument --seed: must be >= 0"),
     ("train-unknown-flag", lambda e: T(e, "--learning-rate", "1e-3"), "unrecognized arguments: --learning-rate"),
     ("train-method", lambda e: T(e, "--method", "adapterv2"), "method must be one of"),
     ("train-strategy", lambda e: T(e, "--strategy", "deepspeed"), "strategy must be one of ddp, fsdp"),
     ("train-packing", lambda e: T(e, "--packing", "chunks"), "packing must be 'pack' or 'lines'"),
     ("train-precision", lambda e: T(e, "--precision", "bf16"), "'bf16' alone is ambiguous"),
-    ("train-attention", lambda e: T(e, "--attn-implementation", "flash"), "attn_implementation must be 'sdpa' or 'eager'"),
+    ("train-attention", lambda e: T(e, "--attn-implementation", "flash"),
+     "attn_implementation must be 'sdpa' or 'eager'"),
     ("train-data-missing", lambda e: T(e, "--data", str(e["root"] / "nothing.txt")), "neither a known corpus"),
-    ("train-data-empty", lambda e: T(e, "--data", str(e["root"] / "empty.txt")), "has no text: every line is empty"),
+    ("train-data-empty", lambda e: T(e, "--data", str(e["root"] / "empty.txt")),
+     "has no text: every line is empty"),
     ("train-checkpoint-corrupt", lambda e: [*T(e, "--resume"), "--out", str(e["root"] / "corrupt-run")],
      "could not be read"),
-    ("train-out-holds-a-run", lambda e: [*T(e), "--out", str(e["root"] / "held-run")], "already holds a run; pass --resume"),
+    ("train-out-holds-a-run", lambda e: [*T(e), "--out", str(e["root"] / "held-run")],
+     "already holds a run; pass --resume"),
     ("train-out-is-a-file", lambda e: [*T(e), "--out", str(e["root"] / "a-file" / "run")], "Cannot use"),
     ("compare-seeds-zero", lambda e: ["compare", "--seeds", "0"], "argument --seeds: must be >= 1"),
     ("compare-steps-zero", lambda e: ["compare", "--steps", "0"], "argument --steps: must be >= 1"),
     ("compare-limit-negative", lambda e: ["compare", "--limit", "-1"], "argument --limit: must be >= 1"),
-    ("compare-methods", lambda e: ["compare", "--methods", "base,dora", "--out", str(e["root"] / "c1")], "Unknown method 'dora'; choose from"),
-    ("compare-preset", lambda e: ["compare", "--preset", "gpu", "--out", str(e["root"] / "c2")], "preset must be one of"),
+    ("compare-methods", lambda e: ["compare", "--methods", "base,dora", "--out", str(e["root"] / "c1")],
+     "Unknown method 'dora'; choose from"),
+    ("compare-preset", lambda e: ["compare", "--preset", "gpu", "--out", str(e["root"] / "c2")],
+     "preset must be one of"),
     ("compare-precisions", lambda e: ["compare", "--precision", "bf16-true", "--eval-precision", "fp32",
                                       "--out", str(e["root"] / "c3")], "pick two that load the base alike"),
     ("inspect-context-zero", lambda e: ["inspect", "--context", "0"], "argument --context: must be >= 1"),
-    ("inspect-new-tokens-negative", lambda e: ["inspect", "--new-tokens", "-1"], "argument --new-tokens: must be >= 1"),
-    ("inspect-mode", lambda e: ["inspect", "--model", e["model"], "--device", "cpu", "--mode", "lora"], "mode must join some of"),
+    ("inspect-new-tokens-negative", lambda e: ["inspect", "--new-tokens", "-1"],
+     "argument --new-tokens: must be >= 1"),
+    ("inspect-mode", lambda e: ["inspect", "--model", e["model"], "--device", "cpu", "--mode", "lora"],
+     "mode must join some of"),
     ("inspect-model-missing", lambda e: ["inspect", "--model", str(e["root"] / "nothing")], "No such directory"),
-    ("harness-limit-negative", lambda e: ["harness", "--tasks", "x", "--limit", "-1"], "argument --limit: must be >= 1"),
-    ("harness-batch-zero", lambda e: ["harness", "--tasks", "x", "--batch-size", "0"], "argument --batch-size: must be >= 1"),
-    ("harness-fewshot-negative", lambda e: ["harness", "--tasks", "x", "--num-fewshot", "-2"], "argument --num-fewshot: must be >= 0"),
+    ("harness-limit-negative", lambda e: ["harness", "--tasks", "x", "--limit", "-1"],
+     "argument --limit: must be >= 1"),
+    ("harness-batch-zero", lambda e: ["harness", "--tasks", "x", "--batch-size", "0"],
+     "argument --batch-size: must be >= 1"),
+    ("harness-fewshot-negative", lambda e: ["harness", "--tasks", "x", "--num-fewshot", "-2"],
+     "argument --num-fewshot: must be >= 0"),
     ("harness-no-tasks", lambda e: ["harness"], "the following arguments are required: --tasks"),
     ("paired-missing-files", lambda e: ["paired", str(e["root"] / "a.items.jsonl"), str(e["root"] / "b.items.jsonl")],
      "a.items.jsonl: no such file"),
@@ -277,13 +294,15 @@ def test_sigint_stops_after_the_step_and_resume_is_bitwise(tmp_path):
 
     model.model.forward = interrupted
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN when the tests run as a background job
-    with pytest.raises(TrainingInterrupted, match=r"stopped by SIGINT after step 3; the checkpoint of that step is in") as info:
+    with pytest.raises(TrainingInterrupted,
+                       match=r"stopped by SIGINT after step 3; the checkpoint of that step is in") as info:
         train(args("run"), model, CharTokenizer(), progress=False)
     assert info.value.signal == signal.SIGINT
     assert torch.load(tmp_path / "run" / "checkpoint" / "state.pt", weights_only=True)["step"] == 3
     assert signal.getsignal(signal.SIGINT) == before  # the handler is put back
     train(args("run", resume=True), tiny_model("llama"), CharTokenizer(), progress=False)
-    a, b = load_file(tmp_path / "full" / "adapter_model.safetensors"), load_file(tmp_path / "run" / "adapter_model.safetensors")
+    a, b = (load_file(tmp_path / "full" / "adapter_model.safetensors"),
+            load_file(tmp_path / "run" / "adapter_model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -297,7 +316,8 @@ def test_a_failed_write_leaves_the_previous_file(tmp_path):
         Path(tmp).write_text("half")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    with pytest.raises(WriteFailed, match=r"Could not write .*f\.json \(No space left on device\); the previous version is intact"):
+    with pytest.raises(WriteFailed,
+                       match=r"Could not write .*f\.json \(No space left on device\); the previous version is intact"):
         atomic_write(path, full_disk)
     assert path.read_text() == "good" and [p.name for p in tmp_path.iterdir()] == ["f.json"]
 
@@ -322,7 +342,8 @@ def test_full_disk_during_a_checkpoint_keeps_the_last_good_one(tmp_path, monkeyp
     monkeypatch.setattr(torch, "save", real_save)
     state = torch.load(tmp_path / "run" / "checkpoint" / "state.pt", weights_only=True)
     assert state["step"] == 3 and all(torch.isfinite(t).all() for t in state["params"].values())
-    summary, _ = train(TrainArgs(**{**args.__dict__, "resume": True}), tiny_model("llama"), CharTokenizer(), progress=False)
+    summary, _ = train(TrainArgs(**{**args.__dict__, "resume": True}), tiny_model("llama"), CharTokenizer(),
+                       progress=False)
     assert summary["steps"] == 8
 
 

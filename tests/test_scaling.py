@@ -30,7 +30,8 @@ def test_grid_runs_reports_and_resumes_without_retraining(tmp_path, monkeypatch)
     for variant in ("base@params", "skip"):
         paired = entry["paired"]["preproj+skip"][variant]
         assert tuple(paired["seeds"]) == (2, 2) and paired["metric"] == "1x32 validation loss"
-        assert paired["low"] <= paired["effect"] <= paired["high"] and paired["adjusted"]["against preproj+skip"] >= paired["p"]
+        assert paired["low"] <= paired["effect"] <= paired["high"] \
+            and paired["adjusted"]["against preproj+skip"] >= paired["p"]
     assert "base@flops" not in entry["paired"]["base@params"]  # the same runs as base@params: nothing to compare
     assert set(entry["paired"]["base@params"]) == {"skip"}  # preproj+skip against base@params: the first family
     assert len(entry["variants"]["skip"]["first_token_attention"][0]) == 1  # one layer

@@ -53,7 +53,8 @@ def test_skip_agreement_tells_shared_matrices_from_matrices_of_the_same_norm(tmp
     run = subprocess.run([sys.executable, str(SCRIPTS / "skip_agreement.py"), str(a), str(same), "--out", str(out)],
                          capture_output=True, text=True, check=True)
     assert "1.000" in run.stdout and (out / "agreement.png").stat().st_size > 0
-    assert json.loads((out / "agreement.json").read_text())["layers"][0]["cosines"]["a~same"] == pytest.approx(1.0, abs=1e-6)
+    assert json.loads((out / "agreement.json").read_text())["layers"][0]["cosines"]["a~same"] \
+        == pytest.approx(1.0, abs=1e-6)
 
 
 def test_skip_agreement_refuses_adapters_without_a_skip(tmp_path):
@@ -106,7 +107,8 @@ def test_recompute_agrees_with_compare_from_the_item_files_alone_and_catches_a_c
     assert "preproj" not in (SCRIPTS / "recompute.py").read_text().split('"""', 2)[2]  # imports no preproj
     assert recompute.main([str(tmp_path)]) == 0
     report = json.loads((tmp_path / "results.json").read_text())
-    assert {(e["method"], e["reference"]) for e in report["paired"]} == {("skip", "base"), ("lora", "base"), ("skip", "lora")}
+    assert {(e["method"], e["reference"]) for e in report["paired"]} == {("skip", "base"), ("lora", "base"),
+                                                                         ("skip", "lora")}
     assert {e["test"] for e in report["paired"] if e["reference"] == "lora"} == {"seed-paired"}
     assert "all agree" in capsys.readouterr().out
     path = tmp_path / "skip-seed43" / "items.lambada.jsonl"

@@ -44,7 +44,8 @@ def test_a_large_planted_difference_is_detected_and_called_by_direction():
     better = paired_bootstrap(a, b, accuracy, metric="acc")
     assert better.verdict == "better" and better.low > 0 and better.effect == pytest.approx(b.mean() - a.mean())
     worse_ppl = paired_bootstrap(np.stack([np.c_[np.full(50, 2.0), np.ones(50)]]),
-                                 np.stack([np.c_[np.full(50, 2.5) + np.random.default_rng(2).normal(0, .1, 50), np.ones(50)]]),
+                                 np.stack([np.c_[np.full(50, 2.5) + np.random.default_rng(2).normal(0, .1, 50),
+                                                 np.ones(50)]]),
                                  perplexity, higher_is_better=False)
     assert worse_ppl.verdict == "worse" and worse_ppl.effect > 0
 

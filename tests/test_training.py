@@ -20,7 +20,8 @@ from preproj.training import RESUME_MAY_CHANGE, TrainArgs, TrainingDiverged, lr_
 
 @pytest.fixture
 def corpus(tmp_path):
-    lines = [f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away {i * 7}" for i in range(200)]
+    lines = [f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away {i * 7}"
+             for i in range(200)]
     path = tmp_path / "corpus.txt"
     path.write_text("\n".join(lines))
     return str(path)
@@ -65,7 +66,8 @@ def test_killed_run_resumes_to_the_same_adapter_bitwise(tmp_path, corpus, method
 
     def killed_forward(*a, **k):
         calls["n"] += 1
-        if calls["n"] == 1 + 2 + 2 * 6 + 2 + 1:  # structure check, held-out (2), 6 steps x 2 micro, held-out at 4, step 7
+        # structure check, held-out (2), 6 steps x 2 micro, held-out at 4, step 7
+        if calls["n"] == 1 + 2 + 2 * 6 + 2 + 1:
             raise KeyboardInterrupt("killed")
         return forward(*a, **k)
 
@@ -163,7 +165,8 @@ def test_preproj_plus_lora_trains_both_and_round_trips(tmp_path, corpus):
 
 
 def test_lora_method_round_trips_through_load_adapter(tmp_path, corpus):
-    _, model = train(args_for(tmp_path, corpus, method="lora", steps=3), tiny_model("gpt_neox"), CharTokenizer(), progress=False)
+    _, model = train(args_for(tmp_path, corpus, method="lora", steps=3), tiny_model("gpt_neox"), CharTokenizer(),
+                     progress=False)
     loaded = load_adapter(tiny_model("gpt_neox"), tmp_path / "run")
     ids = torch.randint(0, 90, (1, 10))
     with torch.no_grad():
@@ -171,8 +174,8 @@ def test_lora_method_round_trips_through_load_adapter(tmp_path, corpus):
 
 
 def test_pure_bf16_reports_erased_updates(tmp_path, corpus):
-    summary, _ = train(args_for(tmp_path, corpus, precision="bf16-true", lr=1e-5, steps=3), tiny_model("llama", dtype=torch.bfloat16),
-                       CharTokenizer(), progress=False)
+    summary, _ = train(args_for(tmp_path, corpus, precision="bf16-true", lr=1e-5, steps=3),
+                       tiny_model("llama", dtype=torch.bfloat16), CharTokenizer(), progress=False)
     assert 0.0 < summary["bf16_erased_update_fraction"] <= 1.0
     per_module = summary["bf16_erased_update_fraction_by_module"]
     assert set(per_module) == {"W_up", "W_down", "W_skip"} and all(0.0 <= f <= 1.0 for f in per_module.values())
@@ -220,7 +223,8 @@ def test_attention_implementation_can_be_chosen_for_training(tmp_path, corpus):
 def test_tensorboard_gets_every_step_and_the_skip_norms(tmp_path, corpus):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    train(args_for(tmp_path, corpus, steps=4, report_to="tensorboard"), tiny_model("llama"), CharTokenizer(), progress=False)
+    train(args_for(tmp_path, corpus, steps=4, report_to="tensorboard"), tiny_model("llama"), CharTokenizer(),
+          progress=False)
     events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
     events.Reload()
     tags = set(events.Tags()["scalars"])

@@ -33,7 +33,8 @@ def _typed(name: str, kind):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
         bound = BOUNDS.get(name)
         if bound is not None and not bound.holds(value):
             raise argparse.ArgumentTypeError(f"must be {bound.describe()}, got {text}")
@@ -163,8 +164,8 @@ def _export(ns: argparse.Namespace) -> int:
     adapter = ns.adapter
     if adapter is None:
         if not (Path(ns.model) / "adapter").is_dir():
-            raise ValueError("--adapter is required: the directory written by `preproj train` (for a `preproj pretrain` "
-                             "run, give its directory as --model and the adapter inside it is found).")
+            raise ValueError("--adapter is required: the directory written by `preproj train` (for a `preproj "
+                             "pretrain` run, give its directory as --model and the adapter inside it is found).")
         adapter = str(Path(ns.model) / "adapter")
     start = time.monotonic()
     model, tokenizer = _load(ns.model, adapter, device="cpu")
@@ -265,7 +266,8 @@ def _torchrun(nproc: int, argv: list[str]) -> int:
             skip = True
         elif not a.startswith("--nproc="):
             rest.append(a)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "preproj", *rest]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "preproj",
+           *rest]
     print("launching: " + " ".join(cmd), file=sys.stderr)
     return subprocess.call(cmd)
 
@@ -322,7 +324,8 @@ def _report_summary(report: str) -> str:
     table = next((block for block in head if block.startswith("| method")), "")
     claims = next((s for s in sections[1:] if s.startswith("The paper's claims")), "")
     claims_table = "\n".join(line for line in claims.splitlines() if line.startswith("|"))
-    return "\n\n".join(part for part in (head[0], table, claims_table and "The paper's claims:\n" + claims_table) if part)
+    return "\n\n".join(part for part in (head[0], table, claims_table and "The paper's claims:\n" + claims_table)
+                       if part)
 
 
 def _compare(ns: argparse.Namespace) -> int:
@@ -350,7 +353,8 @@ def _export_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m",
                    help="Embedded name, hub id or local directory of the base (or a `preproj pretrain` directory).")
     p.add_argument("--adapter", default=None,
-                   help="The adapter directory written by `preproj train` (default: MODEL/adapter, as pretrain writes).")
+                   help="The adapter directory written by `preproj train` "
+                        "(default: MODEL/adapter, as pretrain writes).")
     p.add_argument("--out", required=True, help="The new model directory to write (must not exist or be empty).")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="Dtype of every exported weight. (default: float32)")
@@ -393,7 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     # name, help, the flags (an arguments dataclass or a function that adds them), the function that runs it
     commands = (
-        ("inspect", "Where the modules sit, parameters added, K/V cache cost, greedy samples.", inspect_flags, _inspect),
+        ("inspect", "Where the modules sit, parameters added, K/V cache cost, greedy samples.", inspect_flags,
+         _inspect),
         ("eval", "LAMBADA, WikiText, HellaSwag, ARC-Easy: harness-exact or paper protocol.", EvalArgs, _eval),
         ("train", "Frozen-probe training of one method (base frozen, only new parameters learn).", TrainArgs, _train),
         ("pretrain", "Train a Llama-architecture model from scratch with the modules built in.", PretrainArgs,

@@ -48,7 +48,8 @@ def resolve_data_dir(explicit: str | os.PathLike | None = None) -> Path | None:
     value = explicit or os.environ.get(DATA_ENV)
     if value and not Path(value).is_dir():
         where = "--data-dir" if explicit else f"${DATA_ENV}"
-        raise DataNotFound(f"{where} {str(value)!r} is not a directory; point it at a folder laid out as ../shared/data.")
+        raise DataNotFound(f"{where} {str(value)!r} is not a directory; point it at a folder laid out as "
+                           "../shared/data.")
     return Path(value) if value else None
 
 
@@ -79,7 +80,8 @@ def _hub(name: str, data_dir: Path | None):
     try:
         return datasets.load_dataset(source[0], source[1], split=source[2])
     except Exception as e:  # offline, unknown repo, ...: the same advice either way
-        raise DataNotFound(advice + f", or go online so `datasets` can fetch {source[0]} ({type(e).__name__}).") from None
+        raise DataNotFound(advice + f", or go online so `datasets` can fetch {source[0]} "
+                                    f"({type(e).__name__}).") from None
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -243,14 +245,16 @@ def arc_easy(data_dir: Path | None = None, split: str = "test") -> list[dict]:
             for r in rows
         ]
     return [
-        {"question": r["question"], "choices": list(r["choices"]["text"]), "gold": list(r["choices"]["label"]).index(r["answerKey"])}
+        {"question": r["question"], "choices": list(r["choices"]["text"]),
+         "gold": list(r["choices"]["label"]).index(r["answerKey"])}
         for r in _hub(name, data_dir)
     ]
 
 
 # --- training text -------------------------------------------------------------------------------
 
-def training_corpus(name: str, data_dir: Path | None = None, *, lines: int | None = None) -> tuple[list[str], list[str], str]:
+def training_corpus(name: str, data_dir: Path | None = None, *,
+                    lines: int | None = None) -> tuple[list[str], list[str], str]:
     """(train lines, held-out lines, description) for `preproj train --data NAME|FILE`.
 
     wikitext2: WikiText-2 raw valid for training, raw test held out (disjoint; the raw train split is
@@ -262,7 +266,8 @@ def training_corpus(name: str, data_dir: Path | None = None, *, lines: int | Non
     if name == "wikitext2":
         train = wikitext_lines("valid", data_dir)
         held = wikitext_lines("test", data_dir)
-        desc = "WikiText-2 raw valid (train) / raw test (held out): disjoint; the raw train split is not available offline"
+        desc = ("WikiText-2 raw valid (train) / raw test (held out): disjoint; the raw train split is not available "
+                "offline")
     elif name == "wikitext2-train":
         path = _local("wikitext2_train_tokens", data_dir)
         if path is None:
@@ -296,10 +301,10 @@ def training_corpus(name: str, data_dir: Path | None = None, *, lines: int | Non
         cut = int(len(all_lines) * 0.95)
         train, held = all_lines[:cut], all_lines[cut:]
         desc = f"{path.name}: first 95% of lines (train) / last 5% (held out)"
-    train = [l for l in train if len(l.strip()) > 50]
+    train = [line for line in train if len(line.strip()) > 50]
     if lines is not None:
         train = train[:lines]
-    return train, [l for l in held if len(l.strip()) > 50], desc
+    return train, [line for line in held if len(line.strip()) > 50], desc
 
 
 def user_text(path: Path) -> tuple[list[str], list[str], str]:
@@ -309,8 +314,8 @@ def user_text(path: Path) -> tuple[list[str], list[str], str]:
     if path.is_dir():
         files = sorted(path.glob("*.txt"))
         if not files:
-            raise DataNotFound(f"--data {str(path)!r} is a directory without .txt files; give a file, a JSON Lines file "
-                               "with a 'text' field, or a directory of .txt files.")
+            raise DataNotFound(f"--data {str(path)!r} is a directory without .txt files; give a file, a JSON Lines "
+                               "file with a 'text' field, or a directory of .txt files.")
         raw = [line for f in files for line in f.read_text(encoding="utf-8").split("\n")]
         source = f"{path.name}/ ({len(files)} .txt files)"
     elif path.is_file() and path.suffix in (".jsonl", ".json"):
@@ -343,7 +348,8 @@ def user_text(path: Path) -> tuple[list[str], list[str], str]:
     return kept[:cut], kept[cut:], desc
 
 
-def tokenize_examples(texts: list[str], tokenizer, seq_len: int, packing: str = "pack", max_examples: int | None = None):
+def tokenize_examples(texts: list[str], tokenizer, seq_len: int, packing: str = "pack",
+                      max_examples: int | None = None):
     """(input_ids, labels), each (N, seq_len) long tensors; label -100 is ignored by the loss.
 
     max_examples stops tokenising once that many examples exist (a held-out set needs only a few).

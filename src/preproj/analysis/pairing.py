@@ -89,12 +89,14 @@ def analysis_plan(out: Path, methods: list[str], protocol: str) -> dict:
                          {"name": "all", "correction": "benjamini-hochberg", "members": "all"}]}
 
 
-def paired_comparisons(runs: list[dict], methods: list[str], protocol: str, out: Path, plan: dict | None = None) -> list[dict]:
+def paired_comparisons(runs: list[dict], methods: list[str], protocol: str, out: Path,
+                       plan: dict | None = None) -> list[dict]:
     """The plan's comparisons (analysis_plan), metric by metric, paired over items and, where both arms were trained
     with the same seeds, seed by seed: effect, 95% interval, p-value, the smallest detectable effect (stats.py), and
     the verdict that the family's correction leaves."""
     plan = plan or analysis_plan(out, methods, protocol)
-    pairs = [(c["method"], c["reference"]) for c in plan["comparisons"] if {c["method"], c["reference"]} <= set(methods)]
+    pairs = [(c["method"], c["reference"]) for c in plan["comparisons"]
+             if {c["method"], c["reference"]} <= set(methods)]
     seeds = {m: sorted(r["seed"] for r in runs if r["method"] == m) for m in methods}
     rule = plan.get("rule", RULE)
     found, twin = [], []  # the plan's rule, and the other convention's, each corrected in full
@@ -125,7 +127,8 @@ def correct(found: list[dict], plan: dict) -> None:
         if family["correction"] not in adjust:
             raise ValueError(f"{plan.get('file', 'the analysis plan')}: family {family['name']!r} has correction "
                              f"{family['correction']!r}; use one of {', '.join(adjust)}.")
-        wanted = None if family["members"] == "all" else {(x["method"], x["reference"], x["metric"]) for x in family["members"]}
+        wanted = None if family["members"] == "all" else {(x["method"], x["reference"], x["metric"])
+                                                          for x in family["members"]}
         members = [e for e in found if wanted is None or (e["method"], e["reference"], e["metric"]) in wanted]
         for entry, q in zip(members, adjust[family["correction"]]([e["p"] for e in members])):
             entry.setdefault("adjusted", {})[family["name"]] = q
@@ -173,7 +176,8 @@ def item_files(spec: str) -> dict[str, list[Path]]:
         return {t: f for t, f in files.items() if len(f) == len(paths)}
     files = _items_in(sorted(Path(path).glob(f"{method}-seed*")))
     if not any(files.values()):
-        raise ValueError(f"No per-item records of {method!r} in {path} (expected {path}/{method}-seed*/items.TASK.jsonl).")
+        raise ValueError(f"No per-item records of {method!r} in {path} "
+                         f"(expected {path}/{method}-seed*/items.TASK.jsonl).")
     return {t: f for t, f in files.items() if f}
 
 

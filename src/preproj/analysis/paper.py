@@ -92,11 +92,13 @@ def check_claims(paired: list[dict], plan: dict, columns: dict[str, str]) -> lis
         for member in family["members"]:
             p = found.get((member["method"], member["reference"], member["metric"]))
             task, _, metric = member["metric"].partition(".")
-            claim = next((c for c in CLAIMS if (c.method, c.reference) == (_method(member["method"]), _method(member["reference"]))
+            claim = next((c for c in CLAIMS
+                          if (c.method, c.reference) == (_method(member["method"]), _method(member["reference"]))
                           and task in (c.task, f"{c.task}_file") and metric == columns[c.task]), None)
             if p is None or claim is None:
                 continue
-            arms = "" if (claim.method, claim.reference) == (p["method"], p["reference"]) else f" ({p['method']} vs {p['reference']})"
+            arms = ("" if (claim.method, claim.reference) == (p["method"], p["reference"])
+                    else f" ({p['method']} vs {p['reference']})")
             text = " (in the training text's format)" if task.endswith("_file") else ""
             checked.append({"claim": claim.text + text + arms, "paper": claim.paper, "method": p["method"],
                             "reference": p["reference"], "metric": p["metric"], "verdict": VERDICTS[p["verdict"]],
@@ -129,18 +131,18 @@ def check_depth(norms_by_seed: list[list[float]]) -> dict | None:
 def claims_table(checked: list[dict], depth: dict | None, digits) -> list[str]:
     """Markdown rows: claim, the paper's figures, ours as effect [95% interval], seeds and test, p raw and
     Holm-adjusted within its family, verdict. digits(metric) -> int."""
-    lines = ["| the paper's claim | paper (Pythia-160M) | ours: effect [95% interval] | seeds, test | p (Holm-adjusted) "
-             "| verdict |", "|---|---|---|---|---|---|"]
+    lines = ["| the paper's claim | paper (Pythia-160M) | ours: effect [95% interval] | seeds, test "
+             "| p (Holm-adjusted) | verdict |", "|---|---|---|---|---|---|"]
     for c in checked:
         d = digits(c["metric"])
         ours = f"{c['metric']} {c['effect']:+.{d}f} [{c['low']:+.{d}f}, {c['high']:+.{d}f}]"
         verdict = c["verdict"] + (f" (would detect ±{c['mde']:.{d}f})" if c["verdict"].startswith("not") else "")
         verdict += ", fragile" if c.get("fragile") else ""
         adjusted = "–" if c.get("p") is None else f"{c['p']:.2g} ({c['p_adjusted']:.2g})"
-        lines.append(f"| {c['claim']} | {c['paper']} | {ours} | {c['seeds'][1]} v {c['seeds'][0]}, {c.get('test') or '–'} "
-                     f"| {adjusted} | {verdict} |")
+        lines.append(f"| {c['claim']} | {c['paper']} | {ours} | {c['seeds'][1]} v {c['seeds'][0]}, "
+                     f"{c.get('test') or '–'} | {adjusted} | {verdict} |")
     if depth:
         interval = "" if depth["seeds"] < 2 else f" [{depth['low']:.2f}, {depth['high']:.2f}]"
-        lines.append(f"| {depth['claim']} | {depth['paper']} | {depth['ratio']:.2f}×{interval} | {depth['seeds']} seeds, t "
-                     f"| – | {depth['verdict']} |")
+        lines.append(f"| {depth['claim']} | {depth['paper']} | {depth['ratio']:.2f}×{interval} | "
+                     f"{depth['seeds']} seeds, t | – | {depth['verdict']} |")
     return lines

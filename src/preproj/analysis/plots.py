@@ -33,8 +33,8 @@ def plot_skip_norms(norms: dict[str, list[float]], path: Path, model_name: str) 
     ax.set_ylabel(f"||W_skip||_F, {model_name}")
     paper_ax.set_ylabel("||W_skip||_F, paper (Pythia)", color="gray")
     ax.set_title("Content-skip norms by depth")
-    fig.text(0.01, 0.01, "The paper trained at lr 1e-5 in bf16, these runs at their own swept rates: the scales differ, "
-             "compare the shapes.", fontsize=7, color="dimgray")
+    fig.text(0.01, 0.01, "The paper trained at lr 1e-5 in bf16, these runs at their own swept rates: the scales "
+             "differ, compare the shapes.", fontsize=7, color="dimgray")
     lines = ax.get_legend_handles_labels()
     more = paper_ax.get_legend_handles_labels()
     ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper left")

@@ -76,7 +76,8 @@ def render_report(report: dict) -> str:
               "| model | method | params | LAMBADA | HellaSwag | ARC-E | PPL |", "|---|---|---|---|---|---|---|"]
     for model, rows in PAPER_TABLE.items():
         for method, (p, lam, hs, arc, ppl) in rows.items():
-            lines.append(f"| {model} | {method} | {'–' if p is None else f'{p / 1e6:.1f}M'} | {lam:.3f} | {hs:.3f} | {arc:.3f} | {ppl} |")
+            lines.append(f"| {model} | {method} | {'–' if p is None else f'{p / 1e6:.1f}M'} | {lam:.3f} | {hs:.3f} | "
+                         f"{arc:.3f} | {ppl} |")
     lines += _sweep_section(report.get("sweep"))
     if report.get("paired"):
         lines += ["", "## Paired differences", "", paired_paragraph(report), ""]
@@ -85,14 +86,16 @@ def render_report(report: dict) -> str:
         for key in dict.fromkeys((p["method"], p["reference"]) for p in report["paired"]):
             mine = [p for p in report["paired"] if (p["method"], p["reference"]) == key]
             cells = {p["metric"]: p["text"] for p in mine}
-            lines.append(f"| {key[0]} | {key[1]} | {mine[0]['seeds'][1]} v {mine[0]['seeds'][0]}, {mine[0].get('test', '–')} | "
+            lines.append(f"| {key[0]} | {key[1]} | {mine[0]['seeds'][1]} v {mine[0]['seeds'][0]}, "
+                         f"{mine[0].get('test', '–')} | "
                          + " | ".join(cells.get(m, "–") for m in metrics) + " |")
     if report.get("claims") or report.get("depth"):
-        lines += ["", "## The paper's claims", "", "Each claim is one method against one reference, checked by the paired "
-                  "difference above and corrected with Holm's method within its family of claims: confirmed when the "
-                  "adjusted p is below 0.05 and the effect lies on the paper's side of zero, refuted when it lies on the "
-                  "other side, otherwise not detectable at this budget (with the smallest effect the run could have "
-                  "detected, uncorrected). The depth claim uses a t interval over seeds.", ""]
+        lines += ["", "## The paper's claims", "",
+                  "Each claim is one method against one reference, checked by the paired difference above and "
+                  "corrected with Holm's method within its family of claims: confirmed when the adjusted p is below "
+                  "0.05 and the effect lies on the paper's side of zero, refuted when it lies on the other side, "
+                  "otherwise not detectable at this budget (with the smallest effect the run could have detected, "
+                  "uncorrected). The depth claim uses a t interval over seeds.", ""]
         lines += claims_table(report.get("claims", []), report.get("depth"), digits)
     lines += ["", "## What agrees and what does not", "", agreement_paragraph(report), ""]
     return "\n".join(lines)
@@ -116,7 +119,8 @@ def _sweep_section(sweep: dict | None) -> list[str]:
                   "| method | rate: held-out loss per seed (mean) |", "|---|---|"]
         for method, finalists in sweep.get("finalists", {}).items():
             lines.append(f"| {method} | " + "; ".join(
-                f"{lr}: {', '.join(f'{x:.4f}' for x in xs)} ({np.mean(xs):.4f})" for lr, xs in finalists.items()) + " |")
+                f"{lr}: {', '.join(f'{x:.4f}' for x in xs)} ({np.mean(xs):.4f})"
+                for lr, xs in finalists.items()) + " |")
     return lines
 
 
@@ -124,7 +128,8 @@ def paired_paragraph(report: dict) -> str:
     """How to read the table, then what it says, written from the adjusted verdicts."""
     paired, plan = report["paired"], report.get("plan") or {}
     families = "; ".join(f"{f['name']}: {f['correction']} over "
-                         + ("every comparison" if f["members"] == "all" else f"{len(f['members'])} declared comparisons")
+                         + ("every comparison" if f["members"] == "all"
+                            else f"{len(f['members'])} declared comparisons")
                          for f in plan.get("families", []))
     how = ("Each cell is the paired difference (method minus the reference; for perplexity and held-out loss, lower is "
            "better) with its 95% interval and p-value. The items' variance is the paired bootstrap's, in closed form; "
@@ -133,19 +138,21 @@ def paired_paragraph(report: dict) -> str:
            "the interval is conditional on it). Seed variances follow the rule results/coverage.md chose "
            f"({plan.get('rule', RULE)}). "
            f"Every verdict follows the p-value adjusted for the comparisons of its family ({families}"
-           + (f", declared in {plan['file']}" if plan.get("file") else "") + "): better or worse only when the adjusted "
-           "p is below 0.05; otherwise the cell gives the smallest effect this run could have detected (80% power, "
-           "uncorrected). A call marked fragile changes, after correction, under the other defensible convention "
-           f"for the seeds' variance ({other_convention(plan.get('rule', RULE))}).")
+           + (f", declared in {plan['file']}" if plan.get("file") else "") + "): better or worse only when the "
+           "adjusted p is below 0.05; otherwise the cell gives the smallest effect this run could have detected (80% "
+           "power, uncorrected). A call marked fragile changes, after correction, under the other defensible "
+           f"convention for the seeds' variance ({other_convention(plan.get('rule', RULE))}).")
     called = [p for p in paired if p["verdict"] != "no detectable difference"]
     if not called:
-        said = f" After correction no method differs detectably from its reference on any of the {len(paired)} comparisons."
+        said = (f" After correction no method differs detectably from its reference on any of the {len(paired)} "
+                "comparisons.")
     else:
         said = " Detectable after correction: " + "; ".join(
             f"{p['method']} vs {p['reference']} on {p['metric']}: {p['verdict']} ({p['text'].split(' p ')[0]}"
             + (", fragile" if p.get("fragile") else "") + ")" for p in called) + "."
         said += f" The other {len(paired) - len(called)} comparisons show no detectable difference after correction"
-        raw = [p for p in paired if p.get("raw_verdict", p["verdict"]) != "no detectable difference" and p not in called]
+        raw = [p for p in paired
+               if p.get("raw_verdict", p["verdict"]) != "no detectable difference" and p not in called]
         said += (f", {len(raw)} of them only because of it (raw interval excludes zero: "
                  + "; ".join(f"{p['method']} vs {p['reference']} on {p['metric']}" for p in raw) + ")." if raw else ".")
     return how + said
@@ -193,6 +200,7 @@ def agreement_paragraph(report: dict) -> str:
     ppl_key = "wikitext." + column_names(protocol)["wikitext"]
     ranking = sorted(rows, key=lambda m: rows[m]["metrics"][ppl_key]["mean"])
     return (said + f" Ranked by WikiText perplexity (lower is better): {' < '.join(ranking)}; the paper's "
-            "160M ranking is preproj+skip < preproj+lora < lora < preproj < base. Training and the perplexity evaluation "
-            "share a source (WikiText), so perplexity gains include in-domain adaptation, as in the paper. The base "
-            "model, budget and protocol differ from the paper's, so only directions are comparable, not magnitudes.")
+            "160M ranking is preproj+skip < preproj+lora < lora < preproj < base. Training and the perplexity "
+            "evaluation share a source (WikiText), so perplexity gains include in-domain adaptation, as in the paper. "
+            "The base model, budget and protocol differ from the paper's, so only directions are comparable, not "
+            "magnitudes.")

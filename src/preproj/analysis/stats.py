@@ -37,7 +37,8 @@ class Statistic:
     over items would give, in closed form (the delta method), which makes intervals exact to compute and fast
     enough to map their coverage by simulation (results/coverage.md)."""
 
-    def __init__(self, name: str, value: Callable[[np.ndarray], np.ndarray], influence: Callable[[np.ndarray], np.ndarray]):
+    def __init__(self, name: str, value: Callable[[np.ndarray], np.ndarray],
+                 influence: Callable[[np.ndarray], np.ndarray]):
         self.name, self.value, self.influence = name, value, influence
 
     def __call__(self, values: np.ndarray) -> np.ndarray:
@@ -215,7 +216,8 @@ def _quantile(df: float, level: float) -> float:
     return float(scipy_stats.t.ppf(level, df) if math.isfinite(df) else scipy_stats.norm.ppf(level))
 
 
-def _interval(parts: _Parts, rule: str, confidence: float = 0.95, with_p: bool = True) -> tuple[float, float, float, float]:
+def _interval(parts: _Parts, rule: str, confidence: float = 0.95,
+              with_p: bool = True) -> tuple[float, float, float, float]:
     """(half-width, smallest detectable effect, p-value (nan unless with_p), standard error) under `rule`."""
     from scipy import stats as scipy_stats
 
@@ -229,8 +231,8 @@ def _interval(parts: _Parts, rule: str, confidence: float = 0.95, with_p: bool =
         mde = math.sqrt((z + zp) ** 2 * parts.items + sum((_quantile(df, level) + _quantile(df, 0.80)) ** 2 * v
                                                          for v, df in seeds))
         # the p-value of the same test: the level at which this construction's interval would just touch zero
-        p = math.nan if not with_p else _separate_p(parts.effect, parts.items, parts.items_df, seeds) if se > 0 and parts.effect != 0 \
-            else float(parts.effect == 0)
+        p = math.nan if not with_p else _separate_p(parts.effect, parts.items, parts.items_df, seeds) \
+            if se > 0 and parts.effect != 0 else float(parts.effect == 0)
         return half, mde, p, se
     share = parts.items ** 2 / parts.items_df + sum(v ** 2 / df for v, df in seeds if v > 0)
     df = var ** 2 / share if share > 0 else parts.items_df
@@ -278,7 +280,8 @@ def paired_difference(a: np.ndarray, b: np.ndarray, statistic: Statistic, *, met
     if a.shape[1:] != b.shape[1:]:
         raise ValueError(f"paired comparison needs the same items on both sides, got shapes {a.shape} and {b.shape}.")
     if seed_paired and (len(a) != len(b) or len(a) < 2):
-        raise ValueError(f"a seed-paired comparison needs the same two or more seeds on both sides, got {len(a)} and {len(b)}.")
+        raise ValueError(f"a seed-paired comparison needs the same two or more seeds on both sides, got {len(a)} and "
+                         f"{len(b)}.")
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}.")
     parts = _parts(a, b, statistic, seed_paired)

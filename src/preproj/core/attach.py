@@ -43,7 +43,8 @@ def attach(model: nn.Module, config: PreProjConfig | None = None) -> nn.Module:
     indices = list(range(len(layers))) if config.layers is None else config.layers
     bad = [i for i in indices if not 0 <= i < len(layers)]
     if bad:
-        raise ValueError(f"PreProjConfig.layers {bad} out of range: the model has {len(layers)} layers (0..{len(layers) - 1}).")
+        raise ValueError(f"PreProjConfig.layers {bad} out of range: the model has {len(layers)} layers "
+                         f"(0..{len(layers) - 1}).")
 
     attention = getattr(layers[indices[0]], family.attention) if indices else None
     if config.gate:
@@ -59,8 +60,8 @@ def attach(model: nn.Module, config: PreProjConfig | None = None) -> nn.Module:
     for i in indices:
         attn = getattr(layers[i], family.attention)
         device = next(attn.parameters()).device
-        wrapper = PreProjAttention(attn, d, config, device=device, defer_skip=defer, **_block_shape(model, attn, family),
-                                   first_layer=i == indices[0])
+        wrapper = PreProjAttention(attn, d, config, device=device, defer_skip=defer,
+                                   **_block_shape(model, attn, family), first_layer=i == indices[0])
         wrapper._hooks = wrapper.hook_into(layers[i], attn, family.output_proj, family.value_proj, values)
         setattr(layers[i], family.attention, wrapper)
         if defer:
@@ -136,5 +137,6 @@ def skip_norms(model: nn.Module) -> list[float]:
     if not layers:
         raise ValueError("The model carries no preproj adapter; attach one first.")
     if layers[0][1].skip is None:
-        raise ValueError(f"The adapter's mode {model.preproj_config.mode!r} has no content skip, so there are no skip norms.")
+        raise ValueError(f"The adapter's mode {model.preproj_config.mode!r} has no content skip, so there are no skip "
+                         "norms.")
     return [float(torch.linalg.matrix_norm(w.skip.weight.detach().float())) for _, w in layers]

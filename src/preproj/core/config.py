@@ -34,9 +34,12 @@ class PreProjConfig:
                           "'preproj+skip' (the paper's method) or 'preproj+skip+gate'."},
     )
     expansion: float = field(
-        default=1.25, metadata={"help": "Hidden width of the pre-projection MLP as a multiple of d: floor(expansion * d)."}
+        default=1.25,
+        metadata={"help": "Hidden width of the pre-projection MLP as a multiple of d: floor(expansion * d)."},
     )
-    activation: str = field(default="silu", metadata={"help": "Nonlinearity of the pre-projection: 'silu', 'gelu' or 'relu'."})
+    activation: str = field(
+        default="silu", metadata={"help": "Nonlinearity of the pre-projection: 'silu', 'gelu' or 'relu'."}
+    )
     preproj_init_std: float = field(default=0.01, metadata={"help": "Std of the normal init of W_up and W_down."})
     skip_init_std: float = field(default=1e-4, metadata={"help": "Std of the normal init of W_skip."})
     gate_init_std: float = field(default=0.02, metadata={"help": "Std of the normal init of the attention gate's W_g."})
@@ -57,7 +60,8 @@ class PreProjConfig:
     )
     adapter_dtype: str = field(
         default="float32",
-        metadata={"help": "Dtype of the adapter weights, kept in float32 by default even on a bf16 base (master weights)."},
+        metadata={"help": "Dtype of the adapter weights, kept in float32 by default even on a bf16 base "
+                          "(master weights)."},
     )
 
     def __post_init__(self) -> None:
@@ -67,7 +71,8 @@ class PreProjConfig:
         if isinstance(self.adapter_dtype, torch.dtype):
             self.adapter_dtype = str(self.adapter_dtype).removeprefix("torch.")
         if not isinstance(self.adapter_dtype, str) or self.adapter_dtype not in ADAPTER_DTYPES:
-            raise ValueError(f"PreProjConfig.adapter_dtype must be one of {ADAPTER_DTYPES}, got {self.adapter_dtype!r}.")
+            raise ValueError(f"PreProjConfig.adapter_dtype must be one of {ADAPTER_DTYPES}, "
+                             f"got {self.adapter_dtype!r}.")
         if not _finite_number(self.expansion) or not self.expansion > 0:
             raise ValueError(f"PreProjConfig.expansion must be a positive number, got {self.expansion!r}.")
         if not _finite_number(self.value_residual_init):
@@ -86,7 +91,8 @@ class PreProjConfig:
                                  "'input_norm' (a string or None; and, for gated attention or the value residual, "
                                  f"'output_proj' or 'value_proj'), got {self.structure!r}.")
         if self.layers is not None:
-            if not isinstance(self.layers, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in self.layers):
+            if not isinstance(self.layers, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                                     for i in self.layers):
                 raise ValueError(f"PreProjConfig.layers must be a list of layer indices, got {self.layers!r}.")
             self.layers = sorted(set(self.layers))
 

@@ -43,7 +43,8 @@ _QKVO = r".*\.self_attn\.(base_layer\.)?(q_proj|k_proj|v_proj|o_proj)"
 FAMILIES = (
     Family("gpt_neox", ("gpt_neox",), "gpt_neox.layers", "attention", "input_layernorm",
            r".*\.attention\.(base_layer\.)?(query_key_value|dense)", output_proj="dense", value_proj=None),
-    Family("llama", ("llama", "mistral", "qwen2", "qwen3", "gemma"), "model.layers", "self_attn", "input_layernorm", _QKVO),
+    Family("llama", ("llama", "mistral", "qwen2", "qwen3", "gemma"), "model.layers", "self_attn", "input_layernorm",
+           _QKVO),
     Family("phi3", ("phi3",), "model.layers", "self_attn", "input_layernorm",
            r".*\.self_attn\.(base_layer\.)?(qkv_proj|o_proj)", value_proj=None),
     Family("gemma2", ("gemma2", "gemma3_text"), "model.layers", "self_attn", "input_layernorm", _QKVO,
@@ -56,8 +57,8 @@ FAMILIES = (
            decision="OLMo-2 has no attention-input norm (it norms after attention), so x̂ is the residual stream "
                     "that attention reads, and the skip is added after the attention-output norm, as for Gemma-2."),
     # GPT-J is a parallel block (attention and MLP both read ln_1), where the skip on attention's output is exact.
-    Family("gptj", ("gptj",), "transformer.h", "attn", "ln_1", r".*\.attn\.(base_layer\.)?(q_proj|k_proj|v_proj|out_proj)",
-           output_proj="out_proj"),
+    Family("gptj", ("gptj",), "transformer.h", "attn", "ln_1",
+           r".*\.attn\.(base_layer\.)?(q_proj|k_proj|v_proj|out_proj)", output_proj="out_proj"),
     Family("opt", ("opt",), "model.decoder.layers", "self_attn", "self_attn_layer_norm",
            r".*\.self_attn\.(base_layer\.)?(q_proj|k_proj|v_proj|out_proj)", pre_norm_flag="do_layer_norm_before",
            output_proj="out_proj",
@@ -112,7 +113,8 @@ def decoder_layers(model: nn.Module, family: Family | None = None) -> nn.ModuleL
             continue
         if isinstance(module, nn.ModuleList):
             return module
-    raise ValueError(f"Could not find the decoder layers of {type(model).__name__} at '{family.layers}' (a ModuleList).")
+    raise ValueError(f"Could not find the decoder layers of {type(model).__name__} at '{family.layers}' "
+                     "(a ModuleList).")
 
 
 def check_structure(model: nn.Module, family: Family) -> None:

@@ -101,7 +101,8 @@ class LogLikelihood:
         """(sum of log-probs, all tokens greedy) for each (context ids, continuation ids) pair."""
         return self._score([self._plain_row(i, ctx, cont) for i, (ctx, cont) in enumerate(pairs)], len(pairs), desc)
 
-    def choices(self, groups: list[tuple[list[int], list[list[int]]]], desc: str = "scoring") -> list[tuple[float, bool]]:
+    def choices(self, groups: list[tuple[list[int], list[list[int]]]],
+                desc: str = "scoring") -> list[tuple[float, bool]]:
         """(sum of log-probs, all tokens greedy) for every choice of every (context ids, [choice ids, ...]) group,
         flattened in order: the same numbers as __call__ on the (context, choice) pairs, with each context run
         once. Groups that would be truncated are scored as pairs."""
@@ -121,7 +122,8 @@ class LogLikelihood:
 
     def _plain_row(self, index: int, ctx: list[int], cont: list[int]) -> _Row:
         if not 0 < len(cont) <= self.max_length:
-            raise ValueError(f"A continuation of {len(cont)} tokens cannot be scored with max_length {self.max_length}.")
+            raise ValueError(f"A continuation of {len(cont)} tokens cannot be scored with max_length "
+                             f"{self.max_length}.")
         inp = (ctx + cont)[-(self.max_length + 1):][:-1]  # left-truncated, as the harness
         first = len(inp) - len(cont)  # position whose logits predict cont[0]
         return _Row(inp, None, [(index, list(range(first, len(inp))), cont)])
@@ -139,13 +141,15 @@ class LogLikelihood:
         return _Row(ids, positions, targets)
 
     def _packing_agrees(self, ctx: list[int], conts: list[list[int]]) -> bool:
-        """Whether this model scores a packed group as it scores its pairs (it must honour 4D masks and position ids)."""
+        """Whether this model scores a packed group as it scores its pairs (it must honour 4D masks and position
+        ids)."""
         try:
             packed = self._score_batch([self._packed_row(0, ctx, conts)], len(conts))
         except (TypeError, ValueError, RuntimeError):  # a forward that takes no 4D mask or position ids
             return False
         plain = self._score_batch([self._plain_row(i, ctx, c) for i, c in enumerate(conts)], len(conts))
-        return all(abs(a[0] - b[0]) <= PACK_CHECK_NATS * len(c) and a[1] == b[1] for a, b, c in zip(packed, plain, conts, strict=True))
+        return all(abs(a[0] - b[0]) <= PACK_CHECK_NATS * len(c) and a[1] == b[1]
+                   for a, b, c in zip(packed, plain, conts, strict=True))
 
     @torch.no_grad()
     def _score(self, rows: list[_Row], n_results: int, desc: str) -> list[tuple[float, bool]]:
@@ -160,8 +164,8 @@ class LogLikelihood:
         r = ddist.ranks()
         mine = batches[r.rank :: r.world_size]
         scored = []
-        bar = tqdm(total=sum(len(t.targets) for b in mine for t in b), desc=desc, disable=not (self.progress and r.is_main),
-                   leave=False)
+        bar = tqdm(total=sum(len(t.targets) for b in mine for t in b), desc=desc,
+                   disable=not (self.progress and r.is_main), leave=False)
         for batch in mine:
             indices = [i for row in batch for i, _, _ in row.targets]
             local = {i: k for k, i in enumerate(indices)}
@@ -204,8 +208,10 @@ class LogLikelihood:
                 t = target_t[s : s + HEAD_CHUNK]
                 logprob.append(torch.log_softmax(logits, dim=-1).gather(1, t[:, None])[:, 0])
                 greedy.append(logits.argmax(-1) == t)
-        sums = torch.zeros(n_results, dtype=torch.float64, device=device).index_add_(0, owner_t, torch.cat(logprob).double())
-        misses = torch.zeros(n_results, dtype=torch.long, device=device).index_add_(0, owner_t, (~torch.cat(greedy)).long())
+        sums = torch.zeros(n_results, dtype=torch.float64, device=device).index_add_(
+            0, owner_t, torch.cat(logprob).double())
+        misses = torch.zeros(n_results, dtype=torch.long, device=device).index_add_(
+            0, owner_t, (~torch.cat(greedy)).long())
         return list(zip(sums.tolist(), (misses == 0).tolist(), strict=True))
 
     def _packing_inputs(self, batch: list[_Row], width: int, device: torch.device) -> dict:

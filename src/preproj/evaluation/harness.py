@@ -18,7 +18,8 @@ def harness_lm(model: nn.Module, tokenizer, batch_size: int = 8, max_length: int
     try:
         from lm_eval.models.huggingface import HFLM
     except ImportError:
-        raise ImportError("`preproj harness` needs lm-evaluation-harness: pip install 'preproj[harness]' (lm-eval).") from None
+        raise ImportError("`preproj harness` needs lm-evaluation-harness: pip install 'preproj[harness]' "
+                          "(lm-eval).") from None
     kwargs = {"max_length": max_length} if max_length else {}
     return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, **kwargs)
 
@@ -113,7 +114,8 @@ def write_local_tasks(root: Path, data: Path, wikitext_docs: int | None = None) 
             r = json.loads(line)
             choices = r["question"]["choices"]
             dst.write(json.dumps({"id": r["id"], "question": r["question"]["stem"], "answerKey": r["answerKey"],
-                                  "choices": {"text": [c["text"] for c in choices], "label": [c["label"] for c in choices]}}) + "\n")
+                                  "choices": {"text": [c["text"] for c in choices],
+                                              "label": [c["label"] for c in choices]}}) + "\n")
     for task, template in YAMLS.items():
         (root / task / f"preproj_{task}.yaml").write_text(template.format(path=json.dumps(str(files[task]))))
     return [f"preproj_{task}" for task in YAMLS]

@@ -118,7 +118,8 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
     sweep = _learning_rates(args, methods, preset, train_args, lr_sweep, precision, device, progress)
 
     runs, pending = [], []  # runs: one per finished (method, seed); pending: those a report-only pass finds unfinished
-    for arm, seed in run_plan(methods, seeds, (args.seeded_methods or preset.get("seeded_methods") or ",".join(methods))):
+    for arm, seed in run_plan(methods, seeds,
+                              (args.seeded_methods or preset.get("seeded_methods") or ",".join(methods))):
         method, fixed_lr = arm_method_lr(arm)
         lr = None if method == "base" else fixed_lr or (sweep["chosen"][method] if sweep else train_args["lr"])
         run_dir = out / f"{arm}-seed{seed}"
@@ -268,7 +269,8 @@ def _add_comparisons(report: dict, runs: list[dict], methods: list[str], protoco
     plan = analysis_plan(out, methods, protocol)
     report.update(plan=plan, rule=plan.get("rule", RULE), paired=paired_comparisons(runs, methods, protocol, out, plan))
     report.update(claims=check_claims(report["paired"], plan, column_names(protocol)),
-                  depth=check_depth([r["skip_norms"] for r in runs if r["method"] == "preproj+skip" and r["skip_norms"]]))
+                  depth=check_depth([r["skip_norms"] for r in runs
+                                     if r["method"] == "preproj+skip" and r["skip_norms"]]))
 
 
 def _write_report(report: dict, runs: list[dict], methods: list[str], out: Path, model_name: str) -> None:

@@ -23,8 +23,8 @@ PRESETS = {
     "study": {
         "precision": "fp32",
         "eval_precision": "fp32",
-        "train": dict(data="wikitext2-train", packing="pack", seq_len=256, batch_size=4, grad_accum=1, steps=256, lr=3e-4,
-                      warmup=16, eval_every=64, eval_batches=8, save_every=32),
+        "train": dict(data="wikitext2-train", packing="pack", seq_len=256, batch_size=4, grad_accum=1, steps=256,
+                      lr=3e-4, warmup=16, eval_every=64, eval_batches=8, save_every=32),
         # wikitext_file: the test documents also in the training text's format, where the paper measures (issue 28)
         "eval": dict(protocol="harness", limits={}, max_length=2048, extra_tasks=("wikitext_file",)),
         "lr_sweep": "1e-4,3e-4,1e-3,3e-3", "sweep_steps": 64, "sweep_seeds": 2, "seeds": 3,
@@ -37,8 +37,8 @@ PRESETS = {
     "paper": {
         "precision": "bf16-true",
         "eval_precision": "bf16-true",
-        "train": dict(data="wikitext103", lines=2000, packing="lines", seq_len=512, batch_size=4, grad_accum=4, steps=500,
-                      lr=1e-5, warmup=50, activation_checkpointing=True, eval_every=50, save_every=50),
+        "train": dict(data="wikitext103", lines=2000, packing="lines", seq_len=512, batch_size=4, grad_accum=4,
+                      steps=500, lr=1e-5, warmup=50, activation_checkpointing=True, eval_every=50, save_every=50),
         "eval": dict(protocol="paper", limits={}, max_length=None),
     },
 }
@@ -62,7 +62,8 @@ class CompareArgs:
     (PAPER.md §2, for a GPU)."""
     lr_sweep: str | None = None
     """Comma-separated peak learning rates; each method trains at the one with the lowest held-out loss on the
-    training data's validation text after --sweep-steps. Default: the preset's (study: 1e-4,3e-4,1e-3,3e-3); 'none': --lr."""
+    training data's validation text after --sweep-steps. Default: the preset's (study: 1e-4,3e-4,1e-3,3e-3);
+    'none': --lr."""
     sweep_steps: int | None = None
     """Training steps of each sweep run (default: the preset's, else a quarter of the training steps)."""
     sweep_seeds: int | None = None
@@ -93,7 +94,8 @@ class CompareArgs:
     fill_missing: bool = False
     """Score the tasks a finished run lacks (a task the preset added after it ran): retrain it from its recorded
     arguments, as its weights are not kept, and score them only if the retrained weights are the ones its other tasks
-    scored, bit for bit (their recorded SHA-256); otherwise leave it as it was and say so. The base needs no training."""
+    scored, bit for bit (their recorded SHA-256); otherwise leave it as it was and say so. The base needs no
+    training."""
     report_only: bool = False
     """Write the report from the (method, seed) runs finished so far in --out, training and evaluating nothing; the
     runs still to come are listed. Safe while the comparison itself runs."""

@@ -103,7 +103,8 @@ def inspect_model(model: nn.Module, tokenizer, args: InspectArgs) -> dict:
             "total": added,
             "percent_of_total": 100.0 * added / (base_params + added),
         },
-        "kv_cache": {"context": args.context, "base_bytes": kv_base, "adapted_bytes": kv_adapted, "ratio": kv_adapted / kv_base},
+        "kv_cache": {"context": args.context, "base_bytes": kv_base, "adapted_bytes": kv_adapted,
+                     "ratio": kv_adapted / kv_base},
         "samples": samples,
         "precision": p.name,
         "device": str(_device(model)),
@@ -121,12 +122,14 @@ def format_report(r: dict) -> str:
     lines = [
         f"{r['model']}: {r['model_type']} ({r['family']} family), d={r['hidden_size']}, {r['num_layers']} layers, "
         f"{_m(r['base_params'])} parameters",
-        f"adapter: mode={r['config']['mode']}, expansion={r['config']['expansion']}, activation={r['config']['activation']}",
+        f"adapter: mode={r['config']['mode']}, expansion={r['config']['expansion']}, "
+        f"activation={r['config']['activation']}",
         "",
         f"{'layer':>5}  {'wrapped attention module':<28} {'normed input from':<34} {'pre-proj':>9} {'skip':>9}",
     ]
     for row in r["layers"]:
-        lines.append(f"{row['layer']:>5}  {row['attention']:<28} {row['reads']:<34} {row['preproj']:>9,} {row['skip']:>9,}")
+        lines.append(f"{row['layer']:>5}  {row['attention']:<28} {row['reads']:<34} "
+                     f"{row['preproj']:>9,} {row['skip']:>9,}")
     a, kv = r["added"], r["kv_cache"]
     lines += [
         "",

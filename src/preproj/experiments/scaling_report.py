@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..runtime.files import atomic_write
 
+
 def report_markdown(results: dict) -> str:
     a, plan = results["args"], results["plan"]
     rates = (f"each variant at the rate of --lrs {a['lrs']} whose sweep runs ({(a['sweep_tokens'] or a['tokens']):,} "
@@ -106,7 +107,8 @@ def plots(out: Path, results: dict) -> None:
     import matplotlib.pyplot as plt
 
     sizes = list(results["sizes"].items())
-    for name, x_of in (("loss_vs_tokens", lambda t, v: t), ("loss_vs_flops", lambda t, v: t * v["train_flops_per_token"])):
+    for name, x_of in (("loss_vs_tokens", lambda t, v: t),
+                       ("loss_vs_flops", lambda t, v: t * v["train_flops_per_token"])):
         fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4), squeeze=False)
         for ax, (key, entry) in zip(axes[0], sizes):
             for variant, v in entry["variants"].items():
@@ -127,7 +129,8 @@ def plots(out: Path, results: dict) -> None:
         plt.close(fig)
     _by_layer(plt, out / "skip_norms.png", sizes, "skip_norms", "||W_skip||_F, mean over seeds")
     if _has_sink(results):
-        _by_layer(plt, out / "sink.png", sizes, "first_token_attention", "attention on the first token, mean over seeds")
+        _by_layer(plt, out / "sink.png", sizes, "first_token_attention",
+                  "attention on the first token, mean over seeds")
 
 
 def _by_layer(plt, path: Path, sizes: list, field: str, ylabel: str) -> None:

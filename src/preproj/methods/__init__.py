@@ -13,5 +13,5 @@ from .registry import (
     trained_methods,
 )
 
-__all__ = ["METHODS", "Method", "build_method", "default_methods", "method", "paper_lora_rank", "register_method", "save_method",
-           "save_model_dir", "trained_methods"]
+__all__ = ["METHODS", "Method", "build_method", "default_methods", "method", "paper_lora_rank", "register_method",
+           "save_method", "save_model_dir", "trained_methods"]

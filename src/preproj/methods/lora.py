@@ -41,7 +41,8 @@ def matched_lora_rank(model: nn.Module, target_params: int) -> int:
     per_rank = lora_params_per_rank(model)
     r = max(1, round(target_params / per_rank))
     if abs(r * per_rank - target_params) > 0.01 * target_params:
-        raise ValueError(f"No LoRA rank comes within 1% of {target_params:,} parameters (r={r} gives {r * per_rank:,}).")
+        raise ValueError(f"No LoRA rank comes within 1% of {target_params:,} parameters "
+                         f"(r={r} gives {r * per_rank:,}).")
     return r
 
 

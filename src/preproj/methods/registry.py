@@ -129,7 +129,8 @@ METHODS = {
         Method("skip", "content skip only", _preproj("skip"), save_adapter, SKIP, has_skip=True),
         Method("preproj+skip", "pre-projection and content skip (the paper's method)", _preproj("preproj+skip"),
                save_adapter, PREPROJ + SKIP, has_skip=True),
-        Method("lora", "LoRA on the attention projections, rank matched to preproj+skip", _build_lora, _save_lora, LORA),
+        Method("lora", "LoRA on the attention projections, rank matched to preproj+skip", _build_lora, _save_lora,
+               LORA),
         Method("preproj+lora", f"pre-projection plus LoRA r={PAPER_LORA_RANK}", _build_preproj_lora, _save_preproj_lora,
                PREPROJ + LORA),
         # Block changes the content skip is compared with from scratch (docs/guide/variants.md).
@@ -170,7 +171,8 @@ def method(name: str) -> Method:
     return METHODS[name]
 
 
-def build_method(model: nn.Module, name: str, lora_rank: int | str | None = None, precision: str | Precision = "fp32") -> nn.Module:
+def build_method(model: nn.Module, name: str, lora_rank: int | str | None = None,
+                 precision: str | Precision = "fp32") -> nn.Module:
     """Attach method `name` to `model`; returns the model to train (a PeftModel for the LoRA methods)."""
     return method(name).build(model, as_precision(precision), lora_rank)
 

@@ -16,10 +16,15 @@ class PreProjPeftConfig(PreProjConfig, PeftConfig):
     """Every PreProjConfig field, plus PEFT's own (task_type, base_model_name_or_path, ...) and what the adapter
     records about its model. Saved, it is the same adapter_config.json that preproj.save_adapter writes."""
 
-    model_type: str | None = field(default=None, metadata={"help": "model_type of the model the adapter was made on; filled in by get_peft_model."})
+    model_type: str | None = field(
+        default=None,
+        metadata={"help": "model_type of the model the adapter was made on; filled in by get_peft_model."},
+    )
     family: str | None = field(default=None, metadata={"help": "Its row of preproj's family table; checked on load."})
     hidden_size: int | None = field(default=None, metadata={"help": "Its width d; checked on load."})
-    num_hidden_layers: int | None = field(default=None, metadata={"help": "Its number of decoder layers; checked on load."})
+    num_hidden_layers: int | None = field(
+        default=None, metadata={"help": "Its number of decoder layers; checked on load."}
+    )
     preproj_version: str | None = field(default=None, metadata={"help": "Version of preproj that made the adapter."})
 
     def __post_init__(self) -> None:

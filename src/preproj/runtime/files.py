@@ -73,7 +73,8 @@ class RunLock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
-            raise WriteFailed(e.errno, f"Cannot use {self.path.parent} as a run directory: {e.strerror or e}.") from None
+            raise WriteFailed(e.errno,
+                              f"Cannot use {self.path.parent} as a run directory: {e.strerror or e}.") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

@@ -12,7 +12,8 @@ HUB_HOST = "huggingface.co"
 @lru_cache(maxsize=1)
 def reachable(timeout: float = 3.0) -> bool:
     """False when offline mode is set (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) or the Hub's host does not answer."""
-    if any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
+    if any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+           for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
         return False
     try:
         with socket.create_connection((HUB_HOST, 443), timeout=timeout):

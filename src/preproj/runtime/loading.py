@@ -15,7 +15,6 @@ from torch import nn
 from .precision import AUTO, PRECISIONS, resolve_device
 
 
-
 @dataclass(frozen=True)
 class Embedded:
     """A pretrained model shipped on PyPI as a GGUF file, loaded by name without a hub."""
@@ -143,11 +142,13 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype:
         return torch.float32
     table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype not in table:
-        raise ValueError(f"Unknown dtype {dtype!r}; use a precision ({', '.join(PRECISIONS)}) or one of {sorted(table)}.")
+        raise ValueError(f"Unknown dtype {dtype!r}; use a precision ({', '.join(PRECISIONS)}) or one of "
+                         f"{sorted(table)}.")
     return table[dtype]
 
 
-def load_model(name: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "auto"):
+def load_model(name: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = torch.float32,
+               device: str | torch.device = "auto"):
     """(model, tokenizer) for the embedded default, a Hugging Face hub id or a local directory.
 
     `dtype` is a torch dtype, its name, or a precision word (the dtype that precision loads the base in);
@@ -197,10 +198,11 @@ def check_model_source(name: str) -> None:
     if hub.cached(name) or hub.reachable():
         return
     close = difflib.get_close_matches(name, list(EMBEDDED), n=2, cutoff=0.6)
-    raise ModelLoadError(f"Unknown model {name!r}: not an embedded name ({', '.join(EMBEDDED)}), not a local directory, "
-                         "not in the Hugging Face cache, and the Hub is unreachable."
+    raise ModelLoadError(f"Unknown model {name!r}: not an embedded name ({', '.join(EMBEDDED)}), not a local "
+                         "directory, not in the Hugging Face cache, and the Hub is unreachable."
                          + (f" Did you mean {' or '.join(map(repr, close))}?" if close else "")
-                         + " Pass a local directory (config.json, weights, tokenizer) or run where the Hub is reachable.")
+                         + " Pass a local directory (config.json, weights, tokenizer) or run where the Hub is "
+                           "reachable.")
 
 
 def load_tokenizer(name: str):

@@ -88,7 +88,8 @@ class Bf16MatmulsInFloat32(torch.overrides.TorchFunctionMode):
             return func(*args, **kwargs)
         autocast = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
         operands = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.is_floating_point()]
-        if not operands or operands[0].device.type != "cpu" or not (autocast or any(a.dtype == torch.bfloat16 for a in operands)):
+        if (not operands or operands[0].device.type != "cpu"
+                or not (autocast or any(a.dtype == torch.bfloat16 for a in operands))):
             return func(*args, **kwargs)
 
         def up(a):
@@ -138,7 +139,8 @@ def precision(name: str | Precision, device: torch.device | str | None = None) -
         return PRECISIONS["bf16-mixed" if native_bf16(resolve_device() if device is None else device) else "fp32"]
     if name in PRECISIONS:
         return PRECISIONS[name]
-    hint = " 'bf16' alone is ambiguous: use bf16-mixed (autocast) or bf16-true (pure bf16 weights)." if name == "bf16" else ""
+    hint = (" 'bf16' alone is ambiguous: use bf16-mixed (autocast) or bf16-true (pure bf16 weights)."
+            if name == "bf16" else "")
     raise ValueError(f"precision must be {AUTO} or one of {', '.join(PRECISIONS)}, got {name!r}.{hint}")
 
 
@@ -167,12 +169,14 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
         raise ValueError(f"Unknown device {spec!r}; use auto, cpu, cuda, cuda:N or mps.") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"Device {spec!r} was asked for, but torch sees no CUDA GPU here; use --device cpu or auto.")
+            raise ValueError(f"Device {spec!r} was asked for, but torch sees no CUDA GPU here; use --device cpu or "
+                             "auto.")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ValueError(f"Device {spec!r} does not exist: torch sees {torch.cuda.device_count()} CUDA GPU(s).")
     elif device.type == "mps":
         if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-            raise ValueError("Device 'mps' was asked for, but this torch build or machine has no Apple MPS; use --device cpu.")
+            raise ValueError("Device 'mps' was asked for, but this torch build or machine has no Apple MPS; "
+                             "use --device cpu.")
     elif device.type != "cpu":
         raise ValueError(f"Unsupported device {spec!r}; use auto, cpu, cuda, cuda:N or mps.")
     return device

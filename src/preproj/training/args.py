@@ -100,8 +100,8 @@ def check_same_run(recorded_path: Path, args) -> None:
     changed = [f"{k} {recorded[k]!r} -> {v!r}" for k, v in asdict(args).items()
                if k not in RESUME_MAY_CHANGE and k in recorded and recorded[k] != v]
     if changed:
-        raise ValueError(f"{recorded_path.parent} was started with other arguments ({'; '.join(changed)}); resume it with "
-                         "the recorded ones (train_config.json), or start afresh with another --out.")
+        raise ValueError(f"{recorded_path.parent} was started with other arguments ({'; '.join(changed)}); resume it "
+                         "with the recorded ones (train_config.json), or start afresh with another --out.")
 
 
 def check_train_args(args: TrainArgs) -> None:

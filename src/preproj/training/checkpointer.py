@@ -73,7 +73,8 @@ def load(path: Path, model: nn.Module, optimizer, device: torch.device) -> tuple
     return int(state["step"]), json.loads(state["log_tail"])
 
 
-def save_sharded(path: Path, wrapped: nn.Module, optimizer, step: int, log_tail: list[dict], device: torch.device) -> None:
+def save_sharded(path: Path, wrapped: nn.Module, optimizer, step: int, log_tail: list[dict],
+                 device: torch.device) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
@@ -102,7 +103,8 @@ def load_sharded(path: Path, wrapped: nn.Module, optimizer, device: torch.device
     model_state, optim_state = get_state_dict(wrapped, optimizer, options=options)
     state = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(wrapped, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
+    set_state_dict(wrapped, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=options)
     meta = torch.load(path / "meta.pt", weights_only=True)
     _restore_rng(meta, device)
     return int(meta["step"]), json.loads(meta["log_tail"])

@@ -328,7 +328,8 @@ def finish(run: Run, wall_start: float) -> dict:
                 save_method(run.model, args.method, run.out)
     heldout = [x["heldout_loss"] for x in log if "heldout_loss" in x]
     summary = {
-        "model": args.model, "method": args.method, "steps": args.steps, "tokens_seen": args.steps * run.tokens_per_step,
+        "model": args.model, "method": args.method, "steps": args.steps,
+        "tokens_seen": args.steps * run.tokens_per_step,
         "trainable_params": run.config["trainable_params"],
         "tokens_per_second": log[-1].get("tokens_per_second"),
         "final_train_loss": log[-1].get("loss"),

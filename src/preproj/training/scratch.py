@@ -215,7 +215,8 @@ def make_tokenizer(spec: str, texts: list[str]):
     if spec.startswith("train:"):
         size = spec.removeprefix("train:")
         if not size.isdigit() or int(size) < 300:
-            raise ValueError(f"--tokenizer train:N needs N >= 300 (256 bytes, the end token, some merges), got {spec!r}.")
+            raise ValueError(f"--tokenizer train:N needs N >= 300 (256 bytes, the end token, some merges), "
+                             f"got {spec!r}.")
         return train_tokenizer(texts, int(size))
     return load_tokenizer(spec)
 

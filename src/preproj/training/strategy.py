@@ -83,7 +83,8 @@ class DDP(Strategy):
     def wrap(self, model: nn.Module) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(LossModel(model), device_ids=[self.device] if self.device.type == "cuda" else None)
+        return DistributedDataParallel(LossModel(model),
+                                       device_ids=[self.device] if self.device.type == "cuda" else None)
 
     def unwrap(self, wrapped: nn.Module) -> nn.Module:
         return wrapped.module.model

@@ -86,7 +86,8 @@ def multiple_choice(score, docs: list[dict], context_of, choices_of, desc: str, 
     for doc in docs:
         ctx, choices = context_of(doc), choices_of(doc)
         spans.append((len(pairs), len(choices)))
-        mine = [score.encode_pair(ctx, " " + c) if not mean_per_token else paper_pair(score, ctx, " " + c) for c in choices]
+        mine = [score.encode_pair(ctx, " " + c) if not mean_per_token else paper_pair(score, ctx, " " + c)
+                for c in choices]
         pairs += mine
         if all(c == mine[0][0] for c, _ in mine):  # one context for every choice: scored once
             groups.append((mine[0][0], [cont for _, cont in mine]))

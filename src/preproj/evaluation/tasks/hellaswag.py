@@ -9,10 +9,12 @@ from .base import Task, accuracy_metric, first, multiple_choice
 def score_docs(score, docs: list[dict], protocol: str, desc: str, items: list | None) -> dict:
     if protocol == "harness":
         return multiple_choice(score, docs, lambda d: d["query"], lambda d: d["choices"], desc, False, items)
-    return multiple_choice(score, docs, lambda d: d["raw_ctx"], lambda d: d["raw_endings"], desc + " (paper)", True, items)
+    return multiple_choice(score, docs, lambda d: d["raw_ctx"], lambda d: d["raw_endings"], desc + " (paper)", True,
+                           items)
 
 
-def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None, notes: list | None = None) -> dict:
+def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None,
+        notes: list | None = None) -> dict:
     if protocol == "paper":  # the author's first N, in the validation set's order
         docs, source = data.hellaswag_in_order(data_dir)
         if notes is not None:

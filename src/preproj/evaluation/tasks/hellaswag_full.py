@@ -7,7 +7,8 @@ from . import hellaswag
 from .base import Task, first
 
 
-def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None, notes: list | None = None) -> dict:
+def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None,
+        notes: list | None = None) -> dict:
     result = hellaswag.score_docs(score, first(data.hellaswag(data_dir, full=True), limit), protocol, "hellaswag_full",
                                   items)
     if notes is not None:

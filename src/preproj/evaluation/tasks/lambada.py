@@ -16,7 +16,8 @@ def harness(score, docs: list[dict], items: list | None = None) -> dict:
     results = score(pairs, desc="lambada")
     lls, hits = [r[0] for r in results], [float(r[1]) for r in results]
     if items is not None:
-        items += [{"index": i, "ll": ll, "acc": hit, "tokens": len(p[1])} for i, (ll, hit, p) in enumerate(zip(lls, hits, pairs, strict=True))]
+        items += [{"index": i, "ll": ll, "acc": hit, "tokens": len(p[1])}
+                  for i, (ll, hit, p) in enumerate(zip(lls, hits, pairs, strict=True))]
     ppl = math.exp(-np.mean(lls))
     return {"acc": float(np.mean(hits)), "perplexity": ppl, "n": len(docs), "acc_stderr": mean_stderr(hits),
             "perplexity_stderr": ppl * mean_stderr(lls)}
@@ -33,12 +34,14 @@ def paper(score, docs: list[dict], items: list | None = None) -> dict:
     results = score([pairs[i] for i in kept], desc="lambada (paper)")
     hits = [float(r[1]) for r in results]
     if items is not None:
-        items += [{"index": i, "ll": r[0], "acc": hit, "tokens": len(pairs[i][1])} for i, r, hit in zip(kept, results, hits, strict=True)]
+        items += [{"index": i, "ll": r[0], "acc": hit, "tokens": len(pairs[i][1])}
+                  for i, r, hit in zip(kept, results, hits, strict=True)]
     return {"acc": float(np.mean(hits)), "n": len(kept), "skipped_over_512_tokens": len(pairs) - len(kept),
             "acc_stderr": mean_stderr(hits)}
 
 
-def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None, notes: list | None = None) -> dict:
+def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None,
+        notes: list | None = None) -> dict:
     docs = first(data.lambada(data_dir), limit)
     return harness(score, docs, items) if protocol == "harness" else paper(score, docs, items)
 

@@ -36,7 +36,8 @@ def harness(score, docs: list[dict], items: list | None = None, *, detokenize: b
     se_word, se_byte = ratio_stderr(-doc_ll, words), ratio_stderr(-doc_ll, nbytes)
     return {"word_perplexity": math.exp(per_word), "byte_perplexity": math.exp(per_byte),
             "bits_per_byte": float(per_byte / math.log(2)), "n": len(docs),
-            "word_perplexity_stderr": math.exp(per_word) * se_word, "byte_perplexity_stderr": math.exp(per_byte) * se_byte,
+            "word_perplexity_stderr": math.exp(per_word) * se_word,
+            "byte_perplexity_stderr": math.exp(per_byte) * se_byte,
             "bits_per_byte_stderr": se_byte / math.log(2), "tokens": int(sum(len(w[1]) for w in windows))}
 
 
@@ -60,12 +61,14 @@ def paper(score, rows: list[str], items: list | None = None) -> dict:
     results = score(pairs, desc="wikitext (paper)")
     line_loss = [-ll / len(cont) for (ll, _), (_, cont) in zip(results, pairs, strict=True)]
     if items is not None:
-        items += [{"index": i, "ll": ll, "tokens": len(cont)} for i, ((ll, _), (_, cont)) in enumerate(zip(results, pairs, strict=True))]
+        items += [{"index": i, "ll": ll, "tokens": len(cont)}
+                  for i, ((ll, _), (_, cont)) in enumerate(zip(results, pairs, strict=True))]
     ppl = math.exp(np.mean(line_loss))
     return {"perplexity": ppl, "n": len(pairs), "perplexity_stderr": ppl * mean_stderr(line_loss)}
 
 
-def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None, notes: list | None = None) -> dict:
+def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None,
+        notes: list | None = None) -> dict:
     if protocol == "harness":
         return harness(score, first(data.wikitext_documents(data_dir), limit), items)
     return paper(score, data.wikitext_rows("valid", data_dir), items)  # the author's own rows, whatever the limit

@@ -10,7 +10,8 @@ from . import wikitext
 from .base import Task, first, no_protocol
 
 
-def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None, notes: list | None = None) -> dict:
+def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None,
+        notes: list | None = None) -> dict:
     if protocol != "harness":
         raise no_protocol("wikitext_file", protocol, "it is the harness protocol's WikiText in the file's own format; "
                           "the paper protocol scores its own WikiText rows (task wikitext).")
