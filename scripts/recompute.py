@@ -18,21 +18,21 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-# task -> (metric, how one record becomes a value): accuracies are 0/1, perplexities and the held-out loss are
-# (numerator, denominator) pairs of a ratio of sums over documents
+# metric -> how one record becomes a value (the same in every task that reports it, both WikiText formats
+# included): accuracies are 0/1, perplexities and the held-out loss are (numerator, denominator) pairs of a ratio of
+# sums over documents
 METRICS = {
-    ("lambada", "acc"): lambda r: r["acc"],
-    ("hellaswag", "acc_norm"): lambda r: r["acc_norm"],
-    ("arc_easy", "acc"): lambda r: r["acc"],
-    ("wikitext", "word_perplexity"): lambda r: (-r["ll"], r["words"]),
-    ("wikitext", "heldout_loss"): lambda r: (-r["ll"], r["tokens"]),
+    "acc": lambda r: r["acc"],
+    "acc_norm": lambda r: r["acc_norm"],
+    "word_perplexity": lambda r: (-r["ll"], r["words"]),
+    "heldout_loss": lambda r: (-r["ll"], r["tokens"]),
 }
 
 
 def load(run_dir: Path, task: str, metric: str) -> np.ndarray:
     rows = [json.loads(line) for line in (run_dir / f"items.{task}.jsonl").read_text().splitlines()]
     rows = sorted((r for r in rows if r["task"] == task), key=lambda r: r["index"])
-    return np.array([METRICS[task, metric](r) for r in rows], dtype=float)
+    return np.array([METRICS[metric](r) for r in rows], dtype=float)
 
 
 def metric_and_linearisation(x: np.ndarray, metric: str) -> tuple[float, np.ndarray]:

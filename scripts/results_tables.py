@@ -167,6 +167,7 @@ BLOCKS = {  # page -> {block name: what writes it}
     "docs/results/study-cpu.md": {"study-tables": lambda: tables(ROOT / "results" / "study-cpu")},
     "README.md": {"headline": lambda: headline(ROOT / "results" / "study-cpu")},
     "docs/results/scaling.md": {"scaling-tables": lambda: scaling_tables(ROOT / "results" / "scaling-cpu")},
+    "docs/results/variants.md": {"variants-tables": lambda: scaling_tables(ROOT / "results" / "variants-cpu")},
     "docs/results/bf16-question.md": {"bf16-table": lambda: bf16_table(ROOT / "results" / "bf16-question")},
     "docs/results/comparison.md": {"comparison-table": lambda: comparison_table(ROOT / "results" / "compare-cpu")},
     "docs/results/benchmarks.md": {name: (lambda starts=starts: bench_table(BENCH, starts)) for name, starts in (
@@ -190,12 +191,22 @@ def stale() -> list[str]:
     return [page for page, blocks in BLOCKS.items() if rewritten(ROOT / page, blocks) != (ROOT / page).read_text()]
 
 
-if __name__ == "__main__":
-    if "--check" in sys.argv:
+def main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 naming each page that differs")
+    args = parser.parse_args(argv)
+    if args.check:
         differ = stale()
         print("\n".join(f"{page}: differs from its results JSON" for page in differ)
               or "every results table is current")
-        sys.exit(1 if differ else 0)
+        return 1 if differ else 0
     for page, blocks in BLOCKS.items():
         (ROOT / page).write_text(rewritten(ROOT / page, blocks))
         print(f"wrote {page}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

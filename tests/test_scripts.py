@@ -70,7 +70,7 @@ def test_skip_agreement_refuses_adapters_without_a_skip(tmp_path):
 
 def _study_fixture(out: Path, rule: str | None = None) -> None:
     """A compare directory in miniature: the base (one seed) and two arms with three shared seeds, per-item files for
-    LAMBADA and WikiText, and the results.json that compare's own analysis writes from them."""
+    LAMBADA and WikiText in both formats, and the results.json that compare's own analysis writes from them."""
     import numpy as np
 
     from preproj.analysis.pairing import analysis_plan, paired_comparisons
@@ -91,6 +91,8 @@ def _study_fixture(out: Path, rule: str | None = None) -> None:
             lines = [json.dumps({"task": "wikitext", "index": i, "ll": float(x), "words": int(w), "tokens": int(t)})
                      for i, (x, w, t) in enumerate(zip(ll, words, tokens))]
             (run_dir / "items.wikitext.jsonl").write_text("\n".join(lines) + "\n")
+            lines = [line.replace('"wikitext"', '"wikitext_file"') for line in lines]  # the other text format
+            (run_dir / "items.wikitext_file.jsonl").write_text("\n".join(lines) + "\n")
             runs.append({"method": method, "seed": seed, "run_dir": run_dir.name})
     methods = list(seeds)
     plan = {**analysis_plan(out, methods, "harness"), "rule": rule or RULE}
@@ -110,6 +112,7 @@ def test_recompute_agrees_with_compare_from_the_item_files_alone_and_catches_a_c
     assert {(e["method"], e["reference"]) for e in report["paired"]} == {("skip", "base"), ("lora", "base"),
                                                                          ("skip", "lora")}
     assert {e["test"] for e in report["paired"] if e["reference"] == "lora"} == {"seed-paired"}
+    assert {e["metric"] for e in report["paired"]} >= {"wikitext_file.word_perplexity", "wikitext.heldout_loss"}
     assert "all agree" in capsys.readouterr().out
     path = tmp_path / "skip-seed43" / "items.lambada.jsonl"
     flipped = [json.loads(line) for line in path.read_text().splitlines()]
