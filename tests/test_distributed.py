@@ -269,3 +269,24 @@ def test_the_value_residual_under_fsdp_equals_one_process(setup, tmp_path):
     proc = run(preproj_cmd(*args, "--batch-size", "2", "--strategy", "fsdp", "--out", str(tmp_path / "two")))
     assert proc.stdout.count("summary:") == 1
     assert_same_run(tmp_path / "one", tmp_path / "two", 1e-5)
+
+
+def test_the_value_residual_trained_from_scratch_under_fsdp_equals_one_process(setup):
+    """Every weight trains: layer 0's value projection, resharded after its forward, gets its gradient from every
+    later layer's attention as well as its own. Against one process summing the same two half-batches (at twice
+    the batch, this tiny model's Adam steps amplify the summation order's rounding to ~1e-4, under DDP as well)."""
+    root, _, _ = setup
+    common = [*pretrain_args(root), "--method", "value-residual", "--batch-size", "2"]
+    one, two = root / "vres-one", root / "vres-two"
+    # each process scores its own eval batches: one process scores both shares
+    assert main([*common, "--grad-accum", "2", "--eval-batches", "4", "--out", str(one)]) == 0
+    proc = run(preproj_cmd(*common, "--strategy", "fsdp", "--out", str(two)))
+    assert proc.stdout.count("summary:") == 1
+    for a, b in zip(log_of(one), log_of(two), strict=True):
+        for key in ("loss", "heldout_loss"):
+            assert (key in a) == (key in b) and abs(a.get(key, 0) - b.get(key, 0)) <= 1e-6, (a, b)
+    wa, wb = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")
+    assert "model.layers.0.self_attn.v_proj.weight" in wa
+    assert set(wa) == set(wb) and all(torch.allclose(wa[k], wb[k], rtol=0, atol=1e-6) for k in wa)
+    ta, tb = adapter_of(one / "adapter"), adapter_of(two / "adapter")
+    assert ta and set(ta) == set(tb) and all(torch.allclose(ta[k], tb[k], rtol=0, atol=1e-6) for k in ta)
