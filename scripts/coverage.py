@@ -137,7 +137,6 @@ def recheck(cells: list[dict], sims: int, low: float = 0.925, floor: float = 0.9
 
 
 def render(cells: list[dict], chosen: dict, sims: int, seconds: float) -> str:
-    keys = list(cells[0]["result"]) if cells else []
     keys = sorted({k for c in cells for k in c["result"]}, key=lambda k: (k.startswith("seed"), k))
     lines = ["# Coverage of the paired intervals", "",
              f"`.venv/bin/python scripts/coverage.py --sims {sims}` ({seconds / 60:.0f} min on the project's 2-core "
