@@ -356,6 +356,7 @@ def test_a_task_added_after_a_run_finished_is_scored_on_its_retrained_weights(tm
     assert result["word_perplexity"] == direct["word_perplexity"]
     assert "wikitext_file" in json.loads((tmp_path / "cmp" / "base-seed42" / "result.json").read_text())["tasks"]
     assert not [p for p in (tmp_path / "cmp").iterdir() if ".retrain" in p.name]
+    assert not list((tmp_path / "cmp").rglob(".eval.*.journal*"))  # each task's journal goes once it is scored
     assert filled["methods"]["skip"]["trainable_params"] > 0
 
     result = json.loads((skip_dir / "result.json").read_text())
@@ -382,3 +383,4 @@ def test_a_task_added_after_a_run_finished_is_scored_on_its_retrained_weights(tm
     assert "trained with the kernels this process runs, so something else changed" in caplog.text
     assert "wikitext_file" not in json.loads((skip_dir / "result.json").read_text())["tasks"]
     assert not [p for p in (tmp_path / "cmp").iterdir() if ".retrain" in p.name]
+    assert not list((tmp_path / "cmp").rglob(".eval.*.journal*"))  # each task's journal goes once it is scored

@@ -340,3 +340,56 @@ def test_no_data_directory_offline_fails_at_once_and_names_the_variable_only_as_
         datasets.lambada(datasets.resolve_data_dir(None))
     assert time.monotonic() - start < 10
     hub.reachable.cache_clear()
+
+
+def test_a_stopped_scoring_resumes_from_its_journal_with_the_same_numbers(tmp_path, monkeypatch):
+    """Batches already in the journal are not scored again; a half-written last line (a crash while writing) and
+    the batches of other weights (another key) are never used."""
+    model, groups, journal = tiny_model("llama"), _groups(), tmp_path / "scores.journal"
+    real, calls = LogLikelihood._score_batch, []
+
+    def counted(self, batch, n, stop_after=None):
+        if stop_after is not None and len(calls) == stop_after:
+            raise KeyboardInterrupt
+        calls.append(n)
+        return real(self, batch, n)
+
+    def scored(key: str, stop_after: int | None = None) -> tuple[list, int]:
+        calls.clear()
+        monkeypatch.setattr(LogLikelihood, "_score_batch",
+                            lambda self, batch, n: counted(self, batch, n, stop_after))
+        score = LogLikelihood(model, CharTokenizer(), batch_tokens=32, progress=False, journal=journal,
+                              journal_key=key)
+        return score.choices(groups), len(calls)
+
+    whole, batches = scored("fresh weights")
+    journal.unlink()
+    with pytest.raises(KeyboardInterrupt):
+        scored("weights", stop_after=4)  # the packing check's two, then two batches
+    kept = len(journal.read_text().splitlines())
+    assert kept == 2
+    with open(journal, "a") as f:
+        f.write('{"key": "weights", "piece": 7, "val')
+    resumed, rescored = scored("weights")
+    assert resumed == whole and rescored == batches - kept  # bit for bit, and only what was left
+    other, rescored = scored("other weights")
+    assert other == whole and rescored == batches
+
+
+def test_evaluate_removes_its_journal_when_it_returns(tmp_path):
+    from preproj.evaluation import evaluate
+
+    journal = tmp_path / "eval.journal"
+    plain = evaluate(tiny_model("llama"), CharTokenizer(), ["wikitext"], limit=2, max_length=32, data_dir=data_dir(),
+                     progress=False)
+    kept = evaluate(tiny_model("llama"), CharTokenizer(), ["wikitext"], limit=2, max_length=32, data_dir=data_dir(),
+                    progress=False, journal=journal, journal_key="w")
+    assert kept["tasks"] == plain["tasks"] and not journal.exists()
+
+
+def test_each_process_keeps_its_own_journal(tmp_path, monkeypatch):
+    score = LogLikelihood(tiny_model("llama"), CharTokenizer(), progress=False, journal=tmp_path / "j", journal_key="w")
+    assert score.journal_path() == tmp_path / "j"
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert score.journal_path() == tmp_path / "j.rank1"

@@ -4,12 +4,17 @@ It runs the decoder once per batch and applies the LM head only at the positions
 (B, T, vocab) tensor of logits is ever built. The choices of a multiple-choice item share their context, so they are
 packed into one row: the context once, then each choice attending to the context and to itself only, at the
 positions it would have on its own (a 4D mask and position ids). Packing is checked against unpacked scoring on the
-first item it applies to in each call and is turned off for a model where the two disagree.
+first item it applies to in each call and is turned off for a model where the two disagree. With a journal, every
+scored batch is kept on disk as it finishes, so a stopped evaluation resumes at the batch it was in, with the same
+numbers to the last bit (a batch is scored the same way whether or not others were).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -17,6 +22,7 @@ from tqdm.auto import tqdm
 
 from ..core.loss import body_and_head
 from ..runtime import distributed as ddist
+from ..runtime.files import Journal
 from ..runtime.loading import model_max_length
 from ..runtime.precision import precision as as_precision
 
@@ -40,8 +46,12 @@ class LogLikelihood:
     """Batched log P(continuation | context) for token-id pairs, as the harness's HFLM computes it."""
 
     def __init__(self, model: nn.Module, tokenizer, *, max_length: int | None = None, batch_tokens: int = 1024,
-                 precision: str = "fp32", progress: bool = True, pack: bool = True):
+                 precision: str = "fp32", progress: bool = True, pack: bool = True,
+                 journal: str | Path | None = None, journal_key: str = ""):
+        """`journal`: a file that keeps every scored batch, for scoring the same items again after a stop;
+        `journal_key` names what the scores depend on beyond the items (the weights, the evaluation's settings)."""
         self.model, self.tokenizer = model, tokenizer
+        self.journal, self.journal_key = (Path(journal) if journal else None), journal_key
         self.max_length = max_length or model_max_length(model, tokenizer)
         self.batch_tokens, self.progress = batch_tokens, progress
         self.precision = as_precision(precision)
@@ -163,14 +173,21 @@ class LogLikelihood:
         # process would put it in, so the gathered results are that process's, bit for bit.
         r = ddist.ranks()
         mine = batches[r.rank :: r.world_size]
+        journal = self._open_journal(mine)
         scored = []
         bar = tqdm(total=sum(len(t.targets) for b in mine for t in b), desc=desc,
                    disable=not (self.progress and r.is_main), leave=False)
-        for batch in mine:
+        for k, batch in enumerate(mine):
             indices = [i for row in batch for i, _, _ in row.targets]
-            local = {i: k for k, i in enumerate(indices)}
-            batch = [_Row(row.ids, row.positions, [(local[i], c, t) for i, c, t in row.targets]) for row in batch]
-            scored += zip(indices, self._score_batch(batch, len(indices)), strict=True)
+            if journal and k in journal.done:
+                part = [(i, (logprob, greedy)) for i, logprob, greedy in journal.done[k]]
+            else:
+                local = {i: j for j, i in enumerate(indices)}
+                batch = [_Row(row.ids, row.positions, [(local[i], c, t) for i, c, t in row.targets]) for row in batch]
+                part = list(zip(indices, self._score_batch(batch, len(indices)), strict=True))
+                if journal:
+                    journal.record(k, [[i, logprob, greedy] for i, (logprob, greedy) in part])
+            scored += part
             bar.update(len(indices))
         bar.close()
         results: list[tuple[float, bool] | None] = [None] * n_results
@@ -178,6 +195,21 @@ class LogLikelihood:
             for i, value in part:
                 results[i] = value
         return results
+
+    def journal_path(self) -> Path | None:
+        """This process's journal: one file per process, each scoring its own share of the batches."""
+        r = ddist.ranks()
+        if self.journal is None or r.world_size == 1:
+            return self.journal
+        return self.journal.with_name(f"{self.journal.name}.rank{r.rank}")
+
+    def _open_journal(self, batches: list[list[_Row]]) -> Journal | None:
+        """The journal of this very call: its batches, row by row, under this key, precision and process count."""
+        if self.journal is None:
+            return None
+        rows = [[(row.ids, row.positions, row.targets) for row in batch] for batch in batches]
+        call = json.dumps([self.journal_key, self.precision.name, ddist.ranks().world_size, rows])
+        return Journal(self.journal_path(), hashlib.sha256(call.encode()).hexdigest())
 
     @torch.no_grad()
     def _score_batch(self, batch: list[_Row], n_results: int) -> list[tuple[float, bool]]:

@@ -77,12 +77,14 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] | None = None, 
              limit: int | None = None, data_dir: str | Path | None = None, max_length: int | None = None,
              batch_tokens: int = 1024, precision: str = "fp32", progress: bool = True,
              model_name: str | None = None, adapter: str | None = None, out: str | Path | None = None,
-             items_out: str | Path | None = None) -> dict:
+             items_out: str | Path | None = None, journal: str | Path | None = None, journal_key: str = "") -> dict:
     """Evaluate `model` (adapted or not) and return the results dict that `preproj eval` writes.
 
     With `out`, the JSON is rewritten (atomically) after every task, so a long run that is stopped
     keeps what it finished. With `items_out`, a JSON Lines file gets one record per item of every task
-    (its log-likelihoods, correctness, token and byte counts), for paired comparisons later."""
+    (its log-likelihoods, correctness, token and byte counts), for paired comparisons later. With `journal`, every
+    scored batch is kept in that file until the evaluation returns, so one stopped part-way and called again with
+    the same `journal_key` (what the scores depend on: the weights, the settings) resumes at the batch it was in."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}.")
     names = parse_tasks(default_tasks() if tasks is None else tasks)
@@ -92,7 +94,7 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] | None = None, 
     check_weights_dtype(model, precision)
     data_dir = data.resolve_data_dir(data_dir)
     score = LogLikelihood(model, tokenizer, max_length=max_length, batch_tokens=batch_tokens, precision=precision,
-                          progress=progress)
+                          progress=progress, journal=journal, journal_key=journal_key)
     report = {
         "model": model_name or getattr(model.config, "_name_or_path", None),
         "adapter": adapter,
@@ -123,6 +125,8 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] | None = None, 
                     write_json(out, report)
     finally:
         model.train(was_training)
+    if score.journal_path():
+        score.journal_path().unlink(missing_ok=True)
     return report
 
 

@@ -241,9 +241,10 @@ def _fill_missing(args: CompareArgs, run: dict, method: str, run_dir: Path, miss
 
 def _evaluate_arm(args: CompareArgs, model, tokenizer, run_dir: Path, weights: str, eval_cfg: dict, limits: dict,
                   eval_precision, r, progress: bool, only: list[str] | None = None) -> tuple[dict, dict]:
-    """Every task's metrics and seconds. Each finished task is kept, so an evaluation stopped part-way resumes at the
-    task it was in, if the weights are the very ones it scored (a run retrained elsewhere may differ in the last
-    bit)."""
+    """Every task's metrics and seconds. Each finished task is kept, and each scored batch of the task in progress
+    (`.eval.TASK.journal`), so an evaluation stopped part-way resumes at the batch it was in, if the weights are the
+    very ones it scored (a run retrained elsewhere may differ in the last bit). A resumed task's seconds are those
+    of its last process."""
     tasks, task_seconds = {}, {}
     for task in only or (*default_tasks(), *eval_cfg.get("extra_tasks", ())):
         limit = limits.get(task if task in limits else task.split("_")[0])  # a variant takes its task's limit
@@ -257,7 +258,8 @@ def _evaluate_arm(args: CompareArgs, model, tokenizer, run_dir: Path, weights: s
         t0 = time.monotonic()
         res = evaluate(model, tokenizer, [task], protocol=eval_cfg["protocol"], limit=limit, data_dir=args.data_dir,
                        max_length=eval_cfg["max_length"], precision=eval_precision.name, progress=progress,
-                       items_out=items)
+                       items_out=items, journal=run_dir / f".eval.{task}.journal",
+                       journal_key=json.dumps(setting, sort_keys=True))
         tasks[task], task_seconds[task] = res["tasks"][task], time.monotonic() - t0
         if r.is_main:
             write_json(done_task, {"setting": setting, "result": tasks[task], "seconds": task_seconds[task]})

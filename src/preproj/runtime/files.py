@@ -1,4 +1,5 @@
-"""Files that are never half-written, and run directories that one process owns at a time."""
+"""Files that are never half-written, journals that let a long computation resume, and run directories that one
+process owns at a time."""
 
 from __future__ import annotations
 
@@ -49,6 +50,33 @@ def write_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda tmp: Path(tmp).write_text("".join(json.dumps(r) + "\n" for r in records)))
+
+
+class Journal:
+    """The finished pieces of a long computation, one JSON line each, so that a stopped one resumes at the piece it
+    was in. `key` names the computation (its inputs, the weights it ran on): pieces written under another key are
+    not this computation's and are never returned. A line cut short by a crash is dropped when the journal is
+    opened; the owner deletes the file once the whole result is safely written elsewhere."""
+
+    def __init__(self, path: str | os.PathLike, key: str):
+        self.path, self.key = Path(path), key
+        entries = []
+        if self.path.is_file():
+            for line in self.path.read_text().splitlines():
+                try:
+                    entries.append(json.loads(line))
+                except json.JSONDecodeError:  # the last line of a process that died writing it
+                    continue
+        self.done = {e["piece"]: e["value"] for e in entries if isinstance(e, dict) and e.get("key") == key}
+        write_jsonl(self.path, [e for e in entries if isinstance(e, dict)])  # appends start on a whole line
+
+    def record(self, piece: int, value) -> None:
+        """Keep `value` (anything JSON holds exactly: floats round-trip) as piece `piece`, on disk before returning."""
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"key": self.key, "piece": piece, "value": value}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.done[piece] = value
 
 
 class RunInUse(RuntimeError):
