@@ -178,6 +178,7 @@ def test_distributed_eval_writes_the_single_process_json(setup, tmp_path):
     a, b = json.loads(one.read_text()), json.loads(two.read_text())
     assert a.pop("seconds").keys() == b.pop("seconds").keys()
     assert a == b and a["tasks"]["lambada"]["n"] == 7
+    assert not list(tmp_path.glob("*.journal*"))  # every process's journal goes when the evaluation is written
 
 
 def test_fsdp_keeps_fp32_adapter_masters_on_a_bf16_base(setup):

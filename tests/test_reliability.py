@@ -414,3 +414,35 @@ def test_adapter_round_trip_gives_identical_logits(tmp_path_factory, config, fam
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, model(ids).logits)
     assert config_from_metadata(json.loads((path / "adapter_config.json").read_text())) == config
+
+
+def test_a_stopped_eval_resumes_at_the_batch_it_was_in(env, tmp_path, monkeypatch):
+    """`preproj eval --out` keeps each scored batch in OUT.journal: stopped in its second task and run again, it
+    scores only what was left and writes what an uninterrupted run writes."""
+    from preproj.evaluation import LogLikelihood
+
+    argv = E(env, "--tasks", "lambada,arc_easy", "--limit", "3", "--max-length", "64", "--batch-tokens", "32")
+    whole, stopped = tmp_path / "whole.json", tmp_path / "stopped.json"
+    real, calls = LogLikelihood._score_batch, []
+
+    def counted(self, batch, n):
+        if stop_at is not None and len(calls) == stop_at:
+            raise KeyboardInterrupt
+        calls.append(n)
+        return real(self, batch, n)
+
+    monkeypatch.setattr(LogLikelihood, "_score_batch", counted)
+    stop_at = None
+    assert main([*argv, "--out", str(whole)]) == 0
+    stop_at = len(calls) - 1
+    calls.clear()
+    with pytest.raises(KeyboardInterrupt):
+        main([*argv, "--out", str(stopped)])
+    assert len((tmp_path / "stopped.json.journal").read_text().splitlines()) == stop_at
+    calls.clear()
+    stop_at = None
+    assert main([*argv, "--out", str(stopped)]) == 0
+    assert len(calls) == 1  # the batch it was in
+    a, b = json.loads(whole.read_text()), json.loads(stopped.read_text())
+    assert a.pop("seconds").keys() == b.pop("seconds").keys() and a == b
+    assert not (tmp_path / "stopped.json.journal").exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import shlex
 import sys
@@ -127,9 +128,16 @@ def _eval(ns: argparse.Namespace) -> int:
         from .methods.lora import merged_for_evaluation
 
         model = merged_for_evaluation(model)
+    journal, key = None, ""
+    if args.out:  # a stopped evaluation resumes at the batch it was in, if the weights are the same ones
+        from .experiments.retrain import trained_weights_digest
+
+        journal = args.out + ".journal"
+        key = json.dumps([args.model, args.adapter, args.merge_lora, trained_weights_digest(model)])
     results = evaluate(model, tokenizer, args.tasks, protocol=args.protocol, limit=args.limit, data_dir=args.data_dir,
                        max_length=args.max_length, batch_tokens=args.batch_tokens, precision=args.precision,
-                       model_name=args.model, adapter=args.adapter, out=args.out, items_out=items_out)
+                       model_name=args.model, adapter=args.adapter, out=args.out, items_out=items_out,
+                       journal=journal, journal_key=key)
     print(format_results(results))
     if args.out:
         print(f"wrote {args.out}" + (f" and {items_out}" if items_out else ""))
