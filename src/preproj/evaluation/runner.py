@@ -125,7 +125,7 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] | None = None, 
                     write_json(out, report)
     finally:
         model.train(was_training)
-    if score.journal_path():
+    if journal:
         score.journal_path().unlink(missing_ok=True)
     return report
 

@@ -60,15 +60,18 @@ class Journal:
 
     def __init__(self, path: str | os.PathLike, key: str):
         self.path, self.key = Path(path), key
+        text = self.path.read_text() if self.path.is_file() else ""
+        lines = text.splitlines()
         entries = []
-        if self.path.is_file():
-            for line in self.path.read_text().splitlines():
-                try:
-                    entries.append(json.loads(line))
-                except json.JSONDecodeError:  # the last line of a process that died writing it
-                    continue
-        self.done = {e["piece"]: e["value"] for e in entries if isinstance(e, dict) and e.get("key") == key}
-        write_jsonl(self.path, [e for e in entries if isinstance(e, dict)])  # appends start on a whole line
+        for line in lines:
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError:  # the last line of a process that died writing it
+                continue
+        entries = [e for e in entries if isinstance(e, dict)]
+        self.done = {e["piece"]: e["value"] for e in entries if e.get("key") == key}
+        if len(entries) < len(lines) or not text.endswith("\n"):  # a torn last line: appends start on a whole one
+            write_jsonl(self.path, entries)
 
     def record(self, piece: int, value) -> None:
         """Keep `value` (anything JSON holds exactly: floats round-trip) as piece `piece`, on disk before returning."""
