@@ -10,6 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import preproj
 from preproj.cli import main
+from preproj.experiments.scaling_report import uniform_first_token_attention
 from preproj.methods import build_method
 from preproj.training.scratch import (
     PretrainArgs,
@@ -152,4 +153,5 @@ def test_the_attention_on_the_first_token_of_uniform_attention_is_the_harmonic_m
     sink = first_token_attention(model, tokenizer, CORPUS, seq, 4, torch.device("cpu"), windows=6)
     harmonic = sum(1 / k for k in range(1, seq + 1))
     assert sink == pytest.approx([(harmonic - 1) / (seq - 1)] * shape.layers, rel=1e-6)
+    assert uniform_first_token_attention(seq) == pytest.approx((harmonic - 1) / (seq - 1), rel=1e-12)
     assert model.config._attn_implementation == "sdpa" and model.training

@@ -44,7 +44,9 @@ def report_markdown(results: dict) -> str:
         if any(x is not None for x in sinks.values()):
             lines += ["", "Attention on the first token of a window (mean over layers, heads, later queries, held-out "
                           "windows and seeds; by layer in sink.png): "
-                      + ", ".join(f"{variant} {x:.3f}" for variant, x in sinks.items() if x is not None) + "."]
+                      + ", ".join(f"{variant} {x:.3f}" for variant, x in sinks.items() if x is not None)
+                      + f". Attention spread evenly over the tokens each query sees would put "
+                        f"{uniform_first_token_attention(a['seq_len']):.3f} there: a sink lies above that."]
         t = entry.get("timing")
         if t:
             lines += ["", f"Step time, side by side in one process: plain {t['plain_step_seconds'] * 1e3:.0f} ms, "
@@ -56,6 +58,12 @@ def report_markdown(results: dict) -> str:
     if _has_sink(results):
         lines.append("![attention on the first token](sink.png)")
     return "\n".join(lines) + "\n"
+
+
+def uniform_first_token_attention(seq_len: int) -> float:
+    """The first-token attention of a model that attends evenly: query q (0-based) sees q + 1 tokens, and the probe
+    averages queries 1..seq_len-1, so (H_seq_len - 1) / (seq_len - 1). The line a sink is measured against."""
+    return sum(1 / (q + 1) for q in range(1, seq_len)) / (seq_len - 1)
 
 
 def _has_sink(results: dict) -> bool:
@@ -130,17 +138,21 @@ def plots(out: Path, results: dict) -> None:
     _by_layer(plt, out / "skip_norms.png", sizes, "skip_norms", "||W_skip||_F, mean over seeds")
     if _has_sink(results):
         _by_layer(plt, out / "sink.png", sizes, "first_token_attention",
-                  "attention on the first token, mean over seeds")
+                  "attention on the first token, mean over seeds",
+                  even=uniform_first_token_attention(results["args"]["seq_len"]))
 
 
-def _by_layer(plt, path: Path, sizes: list, field: str, ylabel: str) -> None:
-    """One panel per size: each variant's per-layer `field`, mean over the seeds that have it."""
+def _by_layer(plt, path: Path, sizes: list, field: str, ylabel: str, even: float | None = None) -> None:
+    """One panel per size: each variant's per-layer `field`, mean over the seeds that have it; `even`, where given,
+    as a dashed reference line."""
     fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4), squeeze=False)
     for ax, (key, entry) in zip(axes[0], sizes):
         for variant, v in entry["variants"].items():
             runs = [r for r in v.get(field) or [] if r]
             if runs:
                 ax.plot(range(len(runs[0])), [statistics.mean(col) for col in zip(*runs)], marker="o", label=variant)
+        if even is not None:
+            ax.axhline(even, color="grey", linestyle="--", label="attention spread evenly")
         ax.set_title(key)
         ax.set_xlabel("layer")
         ax.set_ylabel(ylabel)
