@@ -27,8 +27,9 @@ from safetensors.torch import load_file
 from preproj import AdapterError, PreProjConfig, attach, load_adapter, save_adapter
 from preproj.cli import main
 from preproj.core.adapter import config_from_metadata
+from preproj.data import DataNotFound
 from preproj.runtime.files import RunInUse, RunLock, WriteFailed, atomic_write
-from preproj.training import TrainArgs, TrainingInterrupted, train
+from preproj.training import PretrainArgs, TrainArgs, TrainingInterrupted, pretrain, train
 
 LINES = [f"line {i}: the quick brown fox jumps over the lazy dog and keeps running far away {i * 7}"
          for i in range(300)]
@@ -203,6 +204,16 @@ def test_python_api_bad_input_is_a_value_error(make, says):
     with pytest.raises(ValueError, match=None) as info:
         make()
     assert says in str(info.value)
+
+
+def test_a_data_file_that_is_not_there_fails_before_any_model_loads(tmp_path):
+    """The model named here does not exist either: the data's error comes first, so no one waits for a load."""
+    missing = dict(model=str(tmp_path / "no-model"), data=str(tmp_path / "nothing.txt"), out=str(tmp_path / "run"))
+    with pytest.raises(DataNotFound, match="neither a known corpus"):
+        train(TrainArgs(**missing))
+    with pytest.raises(DataNotFound, match="neither a known corpus"):
+        pretrain(PretrainArgs(data=missing["data"], out=missing["out"]))
+    assert not (tmp_path / "run").exists()
 
 
 def test_adapter_of_another_family_is_refused(tmp_path):

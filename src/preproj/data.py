@@ -307,6 +307,16 @@ def training_corpus(name: str, data_dir: Path | None = None, *,
     return train, [line for line in held if len(line.strip()) > 50], desc
 
 
+NAMED_CORPORA = ("wikitext2", "wikitext2-train", "wikitext103", "tinystories")
+
+
+def check_data_source(name: str) -> None:
+    """Fail before any model loads when --data names neither a corpus nor anything on disk."""
+    if name not in NAMED_CORPORA and not Path(name).exists():
+        raise DataNotFound(f"--data {name!r} is neither a known corpus ({', '.join(NAMED_CORPORA)}) nor a file or "
+                           "directory.")
+
+
 def user_text(path: Path) -> tuple[list[str], list[str], str]:
     """(train lines, held-out lines, one line saying what was kept) from a user's own text, as it is: a text file, a
     JSON Lines file of {"text": ...} records, or a directory of .txt files (in name order). Every non-empty line
@@ -337,8 +347,7 @@ def user_text(path: Path) -> tuple[list[str], list[str], str]:
         raw = path.read_text(encoding="utf-8").split("\n")
         source = path.name
     else:
-        raise DataNotFound(f"--data {str(path)!r} is neither a known corpus (wikitext2, wikitext2-train, wikitext103, "
-                           "tinystories) nor a file or directory.")
+        check_data_source(str(path))
     kept = [line for line in raw if line.strip()]
     if not kept:
         raise DataNotFound(f"--data {str(path)!r} has no text: every line is empty.")

@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..data import check_data_source
 from ..methods.registry import trained_methods
 from ..runtime.precision import precision as as_precision
 from ..runtime.tracking import parse_report_to
@@ -108,6 +109,7 @@ def check_train_args(args: TrainArgs) -> None:
     """Every argument checked before anything loads, each failure one line that names the argument."""
     check_args(args)
     as_precision(args.precision)
+    check_data_source(args.data)
     if args.method not in trained_methods() and not (args.train_base and args.method == "base"):
         raise ValueError(f"method must be one of {', '.join(trained_methods())}, got {args.method!r}.")
     if args.attn_implementation not in (None, "sdpa", "eager"):

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..core.adapter import load_adapter
 from ..core.config import PreProjConfig, canonical_mode
-from ..data import resolve_data_dir, tokenize_examples, training_corpus, wikitext_lines
+from ..data import check_data_source, resolve_data_dir, tokenize_examples, training_corpus, wikitext_lines
 from ..methods.registry import ADAPTER_SUBDIR, METHODS
 from ..runtime import distributed as ddist
 from ..runtime.files import write_json
@@ -233,6 +233,7 @@ def build_model(shape: Shape, context: int, tokenizer, seed: int, precision: str
 def _check(args: PretrainArgs) -> None:
     check_args(args)
     as_precision(args.precision)
+    check_data_source(args.data)
     methods = pretrain_methods()
     if args.method not in methods:
         raise ValueError(f"--method must be one of {', '.join(methods)}, got {args.method!r}.")
