@@ -9,6 +9,7 @@ import pytest
 
 import preproj.experiments.scaling as scaling
 from preproj.experiments.scaling import ScalingArgs, parse_sizes, parse_variants, run_scaling
+from preproj.experiments.scaling_report import sink_reading, uniform_first_token_attention
 
 CORPUS = ["the cat sat on the mat and the dog ate the bone while the bird sang a song. " * 2] * 200
 
@@ -50,6 +51,17 @@ def test_grid_runs_reports_and_resumes_without_retraining(tmp_path, monkeypatch)
     again = run_scaling(args, progress=False)
     assert again["sizes"]["1x32"]["variants"]["skip"]["validation_loss"] == entry["variants"]["skip"]["validation_loss"]
     assert json.loads((tmp_path / "grid" / "results.json").read_text())["sizes"]["1x32"]["paired"]
+
+
+def test_the_sink_is_read_against_attention_spread_evenly():
+    """Mean over seeds, per layer: only a layer above the even level is called a sink, and it is named."""
+    even = uniform_first_token_attention(128)
+    below = {"first_token_attention": [[0.01, 0.02], [0.02, 0.03]]}
+    above = {"first_token_attention": [[0.01, 0.30], [0.02, 0.20], None]}  # a seed without the probe is skipped
+    assert sink_reading({"variants": {"skip": below}}, even).endswith(
+        "no layer of any run reaches it (0.010 to 0.030): no sink has formed.")
+    said = sink_reading({"variants": {"skip": below, "gate": above}}, even)
+    assert said.endswith("above it (a sink), mean over seeds: gate layer 1 (0.250).")
 
 
 @pytest.mark.parametrize("sizes, variants, message", [

@@ -45,8 +45,7 @@ def report_markdown(results: dict) -> str:
             lines += ["", "Attention on the first token of a window (mean over layers, heads, later queries, held-out "
                           "windows and seeds; by layer in sink.png): "
                       + ", ".join(f"{variant} {x:.3f}" for variant, x in sinks.items() if x is not None)
-                      + f". Attention spread evenly over the tokens each query sees would put "
-                        f"{uniform_first_token_attention(a['seq_len']):.3f} there: a sink lies above that."]
+                      + ". " + sink_reading(entry, uniform_first_token_attention(a["seq_len"]))]
         t = entry.get("timing")
         if t:
             lines += ["", f"Step time, side by side in one process: plain {t['plain_step_seconds'] * 1e3:.0f} ms, "
@@ -64,6 +63,19 @@ def uniform_first_token_attention(seq_len: int) -> float:
     """The first-token attention of a model that attends evenly: query q (0-based) sees q + 1 tokens, and the probe
     averages queries 1..seq_len-1, so (H_seq_len - 1) / (seq_len - 1). The line a sink is measured against."""
     return sum(1 / (q + 1) for q in range(1, seq_len)) / (seq_len - 1)
+
+
+def sink_reading(entry: dict, even: float) -> str:
+    """Where a sink has formed: the layers whose first-token attention (mean over seeds) exceeds the even level."""
+    said = f"Attention spread evenly over the tokens each query sees would put {even:.3f} there"
+    runs = {variant: [r for r in v.get("first_token_attention") or [] if r] for variant, v in entry["variants"].items()}
+    above = [f"{variant} layer {layer} ({statistics.mean(column):.3f})" for variant, rs in runs.items() if rs
+             for layer, column in enumerate(zip(*rs)) if statistics.mean(column) > even]
+    if above:
+        return f"{said}; above it (a sink), mean over seeds: {', '.join(above)}."
+    values = [x for rs in runs.values() for r in rs for x in r]
+    return (f"{said}, and no layer of any run reaches it ({min(values):.3f} to {max(values):.3f}): no sink has "
+            "formed.")
 
 
 def _has_sink(results: dict) -> bool:
