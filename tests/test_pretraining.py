@@ -10,14 +10,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import preproj
 from preproj.cli import main
-from preproj.experiments.scaling_report import uniform_first_token_attention
 from preproj.methods import build_method
+from preproj.training.probes import first_token_attention, uniform_first_token_attention
 from preproj.training.scratch import (
     PretrainArgs,
     Shape,
     build_model,
     count_params,
-    first_token_attention,
     matched_plain,
     pretrain,
     pretrain_methods,

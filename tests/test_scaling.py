@@ -9,7 +9,8 @@ import pytest
 
 import preproj.experiments.scaling as scaling
 from preproj.experiments.scaling import ScalingArgs, parse_sizes, parse_variants, run_scaling
-from preproj.experiments.scaling_report import sink_reading, uniform_first_token_attention
+from preproj.experiments.scaling_report import sink_reading
+from preproj.training.probes import uniform_first_token_attention
 
 CORPUS = ["the cat sat on the mat and the dog ate the bone while the bird sang a song. " * 2] * 200
 

@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 
 from ..runtime.files import atomic_write
+from ..training.probes import uniform_first_token_attention
 
 
 def report_markdown(results: dict) -> str:
@@ -57,12 +58,6 @@ def report_markdown(results: dict) -> str:
     if _has_sink(results):
         lines.append("![attention on the first token](sink.png)")
     return "\n".join(lines) + "\n"
-
-
-def uniform_first_token_attention(seq_len: int) -> float:
-    """The first-token attention of a model that attends evenly: query q (0-based) sees q + 1 tokens, and the probe
-    averages queries 1..seq_len-1, so (H_seq_len - 1) / (seq_len - 1). The line a sink is measured against."""
-    return sum(1 / (q + 1) for q in range(1, seq_len)) / (seq_len - 1)
 
 
 def sink_reading(entry: dict, even: float) -> str:

@@ -1,8 +1,8 @@
 """Training: the frozen probe (`preproj train`) and from scratch (`preproj pretrain`).
 
 args (TrainArgs), schedule (learning rate, data order, optimizer), strategy (one process, DDP, FSDP2),
-checkpointer, signals (a clean stop), audit (the bf16 question), loop (setup, fit, validate, finish) and
-scratch (models trained from random initialisation).
+checkpointer, signals (a clean stop), audit (the bf16 question), loop (setup, fit, validate, finish),
+scratch (models trained from random initialisation) and probes (what those are measured by once trained).
 """
 
 from .args import RESUME_MAY_CHANGE, TrainArgs

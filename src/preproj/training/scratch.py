@@ -20,23 +20,23 @@ from torch import nn
 
 from ..core.adapter import load_adapter
 from ..core.config import PreProjConfig, canonical_mode
-from ..data import check_data_source, resolve_data_dir, tokenize_examples, training_corpus, wikitext_lines
+from ..data import check_data_source, resolve_data_dir, training_corpus, wikitext_lines
 from ..methods.registry import ADAPTER_SUBDIR, METHODS
 from ..runtime import distributed as ddist
 from ..runtime.files import write_json
 from ..runtime.loading import load_model, load_tokenizer
-from ..runtime.precision import compute_context, resolve_device
 from ..runtime.precision import precision as as_precision
+from ..runtime.precision import resolve_device
 from ..runtime.validation import check_args
 from .args import TrainArgs
 from .loop import train
+from .probes import first_token_attention, greedy_samples, lm_loss
 
 logger = logging.getLogger(__name__)
 
 MODES = ("base", "preproj", "skip", "preproj+skip")
 """The paper's modes from scratch; every method whose name is a PreProjConfig mode trains from scratch too."""
 EOS = "<|endoftext|>"
-SAMPLE_PROMPTS = ("The", "In 1990 ,", "He said that")
 
 
 @dataclass
@@ -263,9 +263,6 @@ def shape_of(args: PretrainArgs, vocab: int) -> Shape:
 
 def pretrain(args: PretrainArgs, progress: bool = True) -> tuple[dict, nn.Module]:
     """Setup, fit, validate; returns (summary.json's contents, the trained model)."""
-    from transformers import AutoTokenizer
-
-
     _check(args)
     device = resolve_device(args.device)
     args = replace(args, precision=as_precision(args.precision, device).name)
@@ -274,28 +271,12 @@ def pretrain(args: PretrainArgs, progress: bool = True) -> tuple[dict, nn.Module
     data_dir = resolve_data_dir(args.data_dir)
     texts, held, data_desc = training_corpus(args.data, data_dir)
 
-    # --- setup: tokenizer (kept in OUT, so a resumed run tokenises alike), shape, model ---
-    if args.resume and (out / "tokenizer.json").is_file():
-        tokenizer = AutoTokenizer.from_pretrained(out)
-    else:
-        tokenizer = make_tokenizer(args.tokenizer, texts) if r.is_main else None
-        if r.is_main:
-            tokenizer.save_pretrained(out)
-        ddist.barrier()
-        tokenizer = AutoTokenizer.from_pretrained(out)
+    # --- setup: tokenizer, shape, model ---
+    tokenizer = _shared_tokenizer(args, out, texts, r)
     shape = shape_of(args, len(tokenizer))
-    counts = {"params": count_params(shape, args.method),
-              "train_flops_per_token": train_flops_per_token(shape, args.method, args.seq_len)}
-    if args.match:
-        target = Shape(shape.layers, shape.d_model, shape.heads, shape.kv_heads,
-                       args.intermediate_size or default_intermediate(args.d_model), shape.vocab)
-        counts["matched_to"] = {"method": args.match_to, "params": count_params(target, args.match_to),
-                                "train_flops_per_token": train_flops_per_token(target, args.match_to, args.seq_len)}
+    counts = _size_and_cost(args, shape)
     if r.is_main:
-        logger.info(f"{args.method}: {shape}, {counts['params']:,} parameters, "
-                    f"{counts['train_flops_per_token']:,} training FLOPs per token"
-                    + (f"; {args.match_to} of the unwidened shape: {counts['matched_to']['params']:,} parameters, "
-                       f"{counts['matched_to']['train_flops_per_token']:,} FLOPs per token" if args.match else ""))
+        logger.info(_describe(args, shape, counts))
     model = build_model(shape, args.seq_len, tokenizer, args.seed, args.precision)
 
     # --- fit: preproj train's loop, which attaches the method; every weight trains ---
@@ -309,80 +290,62 @@ def pretrain(args: PretrainArgs, progress: bool = True) -> tuple[dict, nn.Module
         model = load_adapter(load_model(str(out), dtype=as_precision(args.precision).weights, device=device)[0],
                              out / ADAPTER_SUBDIR)
 
-    # --- validate: the whole held-out (and, for WikiText, test) text, greedy samples ---
+    # --- validate: the whole held-out (and, for WikiText, test) text, greedy samples, the sink probe ---
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    scores = {"validation": lm_loss(base, tokenizer, held, args.seq_len, args.batch_size, args.precision, device)}
-    if args.data.startswith("wikitext2"):
-        test = [line for line in wikitext_lines("test", data_dir) if len(line.strip()) > 50]
-        scores["test"] = lm_loss(base, tokenizer, test, args.seq_len, args.batch_size, args.precision, device)
-    samples = greedy_samples(base, tokenizer, args.sample_tokens) if r.is_main else {}
-    sink = first_token_attention(base, tokenizer, held, args.seq_len, args.batch_size, device)
-    summary.update({
-        "pretrain": asdict(args), "shape": asdict(shape), **counts, "data": data_desc,
-        "loss": {k: v["loss"] for k, v in scores.items()},
-        "perplexity": {k: math.exp(v["loss"]) for k, v in scores.items()},
-        "scored_tokens": {k: v["tokens"] for k, v in scores.items()},
-        "samples": samples, "first_token_attention": sink,
-    })
+    summary.update({"pretrain": asdict(args), "shape": asdict(shape), **counts, "data": data_desc,
+                    **_validate(args, base, tokenizer, held, data_dir, device, r)})
     if r.is_main:
         write_json(out / "summary.json", summary)
     ddist.barrier()
     return summary, model
 
 
-@torch.no_grad()
-def lm_loss(model: nn.Module, tokenizer, lines: list[str], seq_len: int, batch_size: int, precision: str,
-            device: torch.device) -> dict:
-    """Mean loss per predicted token over every full window of the text (packed as in training)."""
-    ids, _ = tokenize_examples(lines, tokenizer, seq_len)
-    was = model.training
-    model.eval()
-    total, count = 0.0, 0
-    for i in range(0, len(ids), batch_size):
-        x = ids[i : i + batch_size].to(device)
-        with compute_context(precision, device):
-            loss = model(input_ids=x, labels=x).loss
-        n = x.shape[0] * (seq_len - 1)
-        total, count = total + float(loss) * n, count + n
-    model.train(was)
-    return {"loss": total / count, "tokens": count}
+def _shared_tokenizer(args: PretrainArgs, out: Path, texts: list[str], r):
+    """The main process trains (or names) the tokenizer and saves it in OUT; every process loads that copy, and a
+    resumed run reloads it, so that all of them tokenise alike."""
+    from transformers import AutoTokenizer
+
+    if args.resume and (out / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(out)
+    if r.is_main:
+        make_tokenizer(args.tokenizer, texts).save_pretrained(out)
+    ddist.barrier()
+    return AutoTokenizer.from_pretrained(out)
 
 
-@torch.no_grad()
-def first_token_attention(model: nn.Module, tokenizer, lines: list[str], seq_len: int, batch_size: int,
-                          device: torch.device, windows: int = 32) -> list[float]:
-    """Per layer, the attention probability that queries put on the first token of their window (the "attention
-    sink"), averaged over heads, every query but the first (which can attend nowhere else) and the first `windows`
-    full windows of the held-out text. Eager attention, which hands back its probabilities, for this pass only."""
-    ids, _ = tokenize_examples(lines, tokenizer, seq_len)
-    ids = ids[:windows]
-    implementation, was = model.config._attn_implementation, model.training
-    model.set_attn_implementation("eager")
-    model.eval()
-    try:
-        total = None
-        for i in range(0, len(ids), batch_size):
-            attentions = model(input_ids=ids[i : i + batch_size].to(device), output_attentions=True).attentions
-            batch = torch.stack([a[:, :, 1:, 0].float().sum() for a in attentions])
-            total = batch if total is None else total + batch
-    finally:
-        model.set_attn_implementation(implementation)
-        model.train(was)
-    heads = model.config.num_attention_heads
-    return [float(x) / (len(ids) * heads * (seq_len - 1)) for x in total] if total is not None else []
+def _size_and_cost(args: PretrainArgs, shape: Shape) -> dict:
+    """Parameters and training FLOPs per token; for a matched plain model also those of what it is matched to."""
+    counts = {"params": count_params(shape, args.method),
+              "train_flops_per_token": train_flops_per_token(shape, args.method, args.seq_len)}
+    if args.match:
+        target = Shape(shape.layers, shape.d_model, shape.heads, shape.kv_heads,
+                       args.intermediate_size or default_intermediate(args.d_model), shape.vocab)
+        counts["matched_to"] = {"method": args.match_to, "params": count_params(target, args.match_to),
+                                "train_flops_per_token": train_flops_per_token(target, args.match_to, args.seq_len)}
+    return counts
 
 
-@torch.no_grad()
-def greedy_samples(model: nn.Module, tokenizer, new_tokens: int) -> dict[str, str]:
-    was = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    samples = {}
-    for prompt in SAMPLE_PROMPTS:
-        ids = torch.tensor([tokenizer.encode(prompt)], device=device)
-        room = model.config.max_position_embeddings - ids.shape[1]  # positions beyond the context were never trained
-        out = model.generate(ids, max_new_tokens=max(0, min(new_tokens, room)), do_sample=False,
-                             pad_token_id=tokenizer.eos_token_id)
-        samples[prompt] = tokenizer.decode(out[0, ids.shape[1]:])
-    model.train(was)
-    return samples
+def _describe(args: PretrainArgs, shape: Shape, counts: dict) -> str:
+    said = (f"{args.method}: {shape}, {counts['params']:,} parameters, "
+            f"{counts['train_flops_per_token']:,} training FLOPs per token")
+    if args.match:
+        target = counts["matched_to"]
+        said += (f"; {args.match_to} of the unwidened shape: {target['params']:,} parameters, "
+                 f"{target['train_flops_per_token']:,} FLOPs per token")
+    return said
+
+
+def _validate(args: PretrainArgs, base: nn.Module, tokenizer, held: list[str], data_dir, device, r) -> dict:
+    """Loss and perplexity on every full window of the held-out text (and WikiText-2 test for WikiText), greedy
+    samples from the main process, and the attention each layer puts on a window's first token."""
+    scores = {"validation": lm_loss(base, tokenizer, held, args.seq_len, args.batch_size, args.precision, device)}
+    if args.data.startswith("wikitext2"):
+        test = [line for line in wikitext_lines("test", data_dir) if len(line.strip()) > 50]
+        scores["test"] = lm_loss(base, tokenizer, test, args.seq_len, args.batch_size, args.precision, device)
+    return {
+        "loss": {k: v["loss"] for k, v in scores.items()},
+        "perplexity": {k: math.exp(v["loss"]) for k, v in scores.items()},
+        "scored_tokens": {k: v["tokens"] for k, v in scores.items()},
+        "samples": greedy_samples(base, tokenizer, args.sample_tokens) if r.is_main else {},
+        "first_token_attention": first_token_attention(base, tokenizer, held, args.seq_len, args.batch_size, device),
+    }
