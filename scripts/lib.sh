@@ -9,13 +9,16 @@ export ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-avx2}
 # commit_runs DIR LABEL: what DIR and the other studies' results hold now, as one commit (nothing new: no commit),
 # with the tables of README and docs/results written from them (scripts/results_tables.py) in the same commit, so
 # that main never holds results its pages do not show, whenever the session ends. A page with edits of its own not
-# yet committed is left for whoever is editing it.
+# yet committed is left for whoever is editing it; while the tables cannot be written, nothing is committed.
 commit_runs() {
     local pages=() page
     for page in README.md docs/results/*.md; do
         git ls-files --error-unmatch -- "$page" >/dev/null 2>&1 && git diff --quiet HEAD -- "$page" && pages+=("$page")
     done
-    PYTHONPATH=src ${PYTHON:-.venv/bin/python} scripts/results_tables.py >/dev/null 2>&1
+    if ! PYTHONPATH=src ${PYTHON:-.venv/bin/python} scripts/results_tables.py >/dev/null 2>&1; then
+        echo "commit_runs: scripts/results_tables.py failed, so nothing is committed this time" >&2
+        return 0
+    fi
     git add -A -- "$1" results "${pages[@]}" >/dev/null 2>&1 &&
         git commit -q -m "$2: finished runs so far (autocommit while it runs)" -- "$1" results "${pages[@]}" \
             >/dev/null 2>&1 || true
