@@ -163,6 +163,7 @@ def bench_table(bench: Path, starts: str) -> str:
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "results" / "bench.json"
+BENCH_EVAL_ADAPTERS = ROOT / "benchmarks" / "results" / "eval_adapters.json"  # run.py --only eval_adapters
 BLOCKS = {  # page -> {block name: what writes it}
     "docs/results/study-cpu.md": {"study-tables": lambda: tables(ROOT / "results" / "study-cpu")},
     "README.md": {"headline": lambda: headline(ROOT / "results" / "study-cpu")},
@@ -172,7 +173,9 @@ BLOCKS = {  # page -> {block name: what writes it}
     "docs/results/comparison.md": {"comparison-table": lambda: comparison_table(ROOT / "results" / "compare-cpu")},
     "docs/results/benchmarks.md": {name: (lambda starts=starts: bench_table(BENCH, starts)) for name, starts in (
         ("bench-train", "| method | precision"), ("bench-generate", "| dtype"), ("bench-eval", "| task | items"),
-        ("bench-targets", "| target |"))},
+        ("bench-targets", "| target |"))} | {
+        "bench-eval-adapters": lambda: bench_table(BENCH_EVAL_ADAPTERS, "| method | adapter"),
+        "bench-eval-adapters-target": lambda: bench_table(BENCH_EVAL_ADAPTERS, "| target |")},
 }
 
 
