@@ -6,22 +6,26 @@
 # compare --fill-missing need. The study's first runs were trained with them.
 export ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-avx2}
 
-# commit_runs DIR LABEL: what DIR and the other studies' results hold now, as one commit (nothing new: no commit),
-# with the tables of README and docs/results written from them (scripts/results_tables.py) in the same commit, so
-# that main never holds results its pages do not show, whenever the session ends. A page with edits of its own not
-# yet committed is left for whoever is editing it; while the tables cannot be written, nothing is committed.
+# commit_runs DIR LABEL: what DIR holds now, as one commit (nothing new: no commit). In this repository the other
+# studies' results go in too, with the tables of README and docs/results written from them
+# (scripts/results_tables.py) in the same commit, so that main never holds results its pages do not show, however a
+# session ends. A page with edits of its own not yet committed is left for whoever is editing it; while the tables
+# cannot be written, nothing is committed.
 commit_runs() {
-    local pages=() page
-    for page in README.md docs/results/*.md; do
-        git ls-files --error-unmatch -- "$page" >/dev/null 2>&1 && git diff --quiet HEAD -- "$page" && pages+=("$page")
-    done
-    if ! PYTHONPATH=src ${PYTHON:-.venv/bin/python} scripts/results_tables.py >/dev/null 2>&1; then
-        echo "commit_runs: scripts/results_tables.py failed, so nothing is committed this time" >&2
-        return 0
+    local paths=("$1") page
+    if [ -f scripts/results_tables.py ]; then
+        [ -d results ] && paths+=(results)
+        for page in README.md docs/results/*.md; do
+            git ls-files --error-unmatch -- "$page" >/dev/null 2>&1 && git diff --quiet HEAD -- "$page" &&
+                paths+=("$page")
+        done
+        if ! PYTHONPATH=src ${PYTHON:-.venv/bin/python} scripts/results_tables.py >/dev/null 2>&1; then
+            echo "commit_runs: scripts/results_tables.py failed, so nothing is committed this time" >&2
+            return 0
+        fi
     fi
-    git add -A -- "$1" results "${pages[@]}" >/dev/null 2>&1 &&
-        git commit -q -m "$2: finished runs so far (autocommit while it runs)" -- "$1" results "${pages[@]}" \
-            >/dev/null 2>&1 || true
+    git add -A -- "${paths[@]}" >/dev/null 2>&1 &&
+        git commit -q -m "$2: finished runs so far (autocommit while it runs)" -- "${paths[@]}" >/dev/null 2>&1 || true
 }
 
 # while_committing DIR LABEL COMMAND...: runs COMMAND, committing DIR every COMMIT_EVERY seconds and when it

@@ -160,3 +160,44 @@ def test_a_study_script_commits_its_runs_while_it_runs_and_keeps_the_commands_st
     assert "out/second" not in commits[-1]  # the first commit (last in the log) came before the study ended
     assert not subprocess.run(["git", "-C", str(tmp_path), "status", "--porcelain"], capture_output=True,
                               text=True).stdout
+
+
+TABLES = """import pathlib, sys
+results = pathlib.Path("results/demo/value").read_text()
+if results.startswith("bad"):
+    sys.exit("cannot write the tables")
+for page in ("docs/results/demo.md", "docs/results/edited.md"):
+    path = pathlib.Path(page)
+    path.write_text(path.read_text().split("table:")[0] + "table: " + results)
+"""
+
+
+def test_a_study_commits_its_results_with_the_tables_written_from_them(tmp_path):
+    """In this repository an autocommit also writes the results tables (scripts/results_tables.py) and commits
+    the pages with the results; a page being edited is left alone, and results whose tables cannot be written are
+    not committed."""
+    lib = Path(__file__).resolve().parents[1] / "scripts" / "lib.sh"
+    env = {"PATH": os.environ["PATH"], "PYTHON": sys.executable, "HOME": str(tmp_path), "GIT_AUTHOR_NAME": "t",
+           "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+
+    def sh(command: str) -> str:
+        return subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              check=True).stdout
+
+    for path, text in {"scripts/results_tables.py": TABLES, "results/demo/value": "1\n",
+                       "docs/results/demo.md": "# demo\ntable: 1\n", "docs/results/edited.md": "# edited\ntable: 1\n",
+                       "README.md": "readme\n"}.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    sh("git init -q . && git add -A && git commit -q -m start")
+    (tmp_path / "docs/results/edited.md").write_text("# edited by hand\ntable: 1\n")
+    (tmp_path / "results/demo/value").write_text("2\n")
+    sh(f'source "{lib}"; commit_runs results/demo demo')
+    assert sh("git show HEAD:results/demo/value") == "2\n"
+    assert sh("git show HEAD:docs/results/demo.md") == "# demo\ntable: 2\n"
+    assert sh("git show HEAD:docs/results/edited.md") == "# edited\ntable: 1\n"  # its edits are not committed
+    assert (tmp_path / "docs/results/edited.md").read_text() == "# edited by hand\ntable: 2\n"
+
+    (tmp_path / "results/demo/value").write_text("bad\n")
+    sh(f'source "{lib}"; commit_runs results/demo demo')
+    assert sh("git show HEAD:results/demo/value") == "2\n"  # its tables cannot be written: not committed
