@@ -313,8 +313,12 @@ NAMED_CORPORA = ("wikitext2", "wikitext2-train", "wikitext103", "tinystories")
 def check_data_source(name: str) -> None:
     """Fail before any model loads when --data names neither a corpus nor anything on disk."""
     if name not in NAMED_CORPORA and not Path(name).exists():
-        raise DataNotFound(f"--data {name!r} is neither a known corpus ({', '.join(NAMED_CORPORA)}) nor a file or "
-                           "directory.")
+        raise _no_such_source(name)
+
+
+def _no_such_source(name: str) -> DataNotFound:
+    return DataNotFound(f"--data {name!r} is neither a known corpus ({', '.join(NAMED_CORPORA)}) nor a file or "
+                        "directory.")
 
 
 def user_text(path: Path) -> tuple[list[str], list[str], str]:
@@ -347,7 +351,7 @@ def user_text(path: Path) -> tuple[list[str], list[str], str]:
         raw = path.read_text(encoding="utf-8").split("\n")
         source = path.name
     else:
-        check_data_source(str(path))
+        raise _no_such_source(str(path))
     kept = [line for line in raw if line.strip()]
     if not kept:
         raise DataNotFound(f"--data {str(path)!r} has no text: every line is empty.")

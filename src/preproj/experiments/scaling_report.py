@@ -63,12 +63,12 @@ def report_markdown(results: dict) -> str:
 def sink_reading(entry: dict, even: float) -> str:
     """Where a sink has formed: the layers whose first-token attention (mean over seeds) exceeds the even level."""
     said = f"Attention spread evenly over the tokens each query sees would put {even:.3f} there"
-    runs = {variant: [r for r in v.get("first_token_attention") or [] if r] for variant, v in entry["variants"].items()}
-    above = [f"{variant} layer {layer} ({statistics.mean(column):.3f})" for variant, rs in runs.items() if rs
-             for layer, column in enumerate(zip(*rs)) if statistics.mean(column) > even]
+    probes = {variant: v.get("first_token_attention") for variant, v in entry["variants"].items()}
+    above = [f"{variant} layer {layer} ({x:.3f})" for variant, per_seed in probes.items()
+             for layer, x in enumerate(_layer_means(per_seed)) if x > even]
     if above:
         return f"{said}; above it (a sink), mean over seeds: {', '.join(above)}."
-    values = [x for rs in runs.values() for r in rs for x in r]
+    values = [x for per_seed in probes.values() for run in _finished(per_seed) for x in run]
     return (f"{said}, and no layer of any run reaches it ({min(values):.3f} to {max(values):.3f}): no sink has "
             "formed.")
 
@@ -101,8 +101,17 @@ def _first_with_the_same_runs(variants: dict, name: str) -> str:
     return next(n for n, v in variants.items() if tuple(v["validation_loss"]) == runs)
 
 
+def _finished(per_seed: list | None) -> list[list[float]]:
+    """The per-layer values of the seeds that have them (a run from before a probe existed has none)."""
+    return [r for r in per_seed or [] if r]
+
+
+def _layer_means(per_seed: list | None) -> list[float]:
+    return [statistics.mean(column) for column in zip(*_finished(per_seed))]
+
+
 def _mean_of_layers(per_seed: list | None) -> float | None:
-    runs = [r for r in per_seed or [] if r]
+    runs = _finished(per_seed)
     return statistics.mean(statistics.mean(r) for r in runs) if runs else None
 
 
@@ -155,9 +164,9 @@ def _by_layer(plt, path: Path, sizes: list, field: str, ylabel: str, even: float
     fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4), squeeze=False)
     for ax, (key, entry) in zip(axes[0], sizes):
         for variant, v in entry["variants"].items():
-            runs = [r for r in v.get(field) or [] if r]
-            if runs:
-                ax.plot(range(len(runs[0])), [statistics.mean(col) for col in zip(*runs)], marker="o", label=variant)
+            means = _layer_means(v.get(field))
+            if means:
+                ax.plot(range(len(means)), means, marker="o", label=variant)
         if even is not None:
             ax.axhline(even, color="grey", linestyle="--", label="attention spread evenly")
         ax.set_title(key)
