@@ -44,3 +44,11 @@ def test_quiet_keeps_the_library_progress_lines_off_the_terminal(tmp_path, capsy
         _show_library_messages(build_parser().parse_args(["paired", "a", "b", *flags]))
         logging.getLogger("preproj.experiments.compare").info("[compare] base seed 42 ...")
         assert ("[compare] base seed 42" in capsys.readouterr().out) == shown
+
+
+def test_the_summary_line_reports_a_resumed_runs_whole_training_time():
+    from preproj.cli import _training_time
+
+    resumed = {"wall_seconds": 12.0, "train_seconds": 1800.0}  # this process trained the last few steps
+    assert _training_time(resumed) == "1800s of training"
+    assert _training_time({"wall_seconds": 12.0, "train_seconds": None}) == "12s in this process"

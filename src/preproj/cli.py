@@ -202,8 +202,15 @@ def _train(ns: argparse.Namespace) -> int:
              if "bf16_erased_update_fraction" in summary else "")
     print(f"summary: {args.method}, {summary['trainable_params'] / 1e6:.2f}M trainable, {summary['steps']} steps, "
           f"{summary['tokens_seen']:,} tokens at {summary['tokens_per_second']:.0f} tok/s, {loss}{audit}, "
-          f"{summary['wall_seconds']:.0f}s; adapter in {args.out}")
+          f"{_training_time(summary)}; adapter in {args.out}")
     return 0
+
+
+def _training_time(summary: dict) -> str:
+    # A resumed run's process saw only its own part; the log carries the whole (None for logs from before it did).
+    if summary.get("train_seconds") is not None:
+        return f"{summary['train_seconds']:.0f}s of training"
+    return f"{summary['wall_seconds']:.0f}s in this process"
 
 
 def _pretrain(ns: argparse.Namespace) -> int:
@@ -221,7 +228,7 @@ def _pretrain(ns: argparse.Namespace) -> int:
     ppl = ", ".join(f"{k} perplexity {v:.2f}" for k, v in summary["perplexity"].items())
     print(f"summary: {args.method} from scratch, {summary['params'] / 1e6:.2f}M parameters, {summary['steps']} steps, "
           f"{summary['tokens_seen']:,} tokens at {summary['tokens_per_second']:.0f} tok/s, {ppl}, "
-          f"{summary['wall_seconds']:.0f}s; model in {args.out}" + (f", adapter in {args.out}/adapter"
+          f"{_training_time(summary)}; model in {args.out}" + (f", adapter in {args.out}/adapter"
                                                                     if args.method != "base" else ""))
     return 0
 
