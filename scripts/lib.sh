@@ -6,13 +6,20 @@
 # compare --fill-missing need. The study's first runs were trained with them.
 export ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-avx2}
 
-# commit_runs DIR LABEL: what DIR holds now, as one commit (nothing new: no commit). In this repository the other
-# studies' results go in too, with the tables of README and docs/results written from them
+# commit_runs DIR LABEL [REPORT...]: what DIR holds now, as one commit (nothing new: no commit). Where DIR holds a
+# result not yet committed (a run's result.json or summary.json, a task's eval.TASK.json), REPORT first rewrites the
+# study's report from the runs finished so far (its failure is printed and the results go in all the same). In this
+# repository the other studies' results go in too, with the tables of README and docs/results written from them
 # (scripts/results_tables.py) in the same commit, so that main never holds results its pages do not show, however a
 # session ends. A page with edits of its own not yet committed is left for whoever is editing it; while the tables
 # cannot be written, nothing is committed.
 commit_runs() {
-    local paths=("$1") page
+    local paths=("$1") label=$2 page
+    shift 2
+    if [ $# -gt 0 ] && git status --porcelain --untracked-files=all -- "${paths[0]}" |
+            grep -Eq '/(result|summary|eval\.[^/]*)\.json$'; then
+        "$@" >/dev/null 2>&1 || echo "commit_runs: the interim report ($*) failed; committing the runs without it" >&2
+    fi
     if [ -f scripts/results_tables.py ]; then
         [ -d results ] && paths+=(results)
         for page in README.md docs/results/*.md; do
@@ -25,15 +32,16 @@ commit_runs() {
         fi
     fi
     git add -A -- "${paths[@]}" >/dev/null 2>&1 &&
-        git commit -q -m "$2: finished runs so far (autocommit while it runs)" -- "${paths[@]}" >/dev/null 2>&1 || true
+        git commit -q -m "$label: finished runs so far (autocommit while it runs)" -- "${paths[@]}" >/dev/null 2>&1 || true
 }
 
 # while_committing DIR LABEL COMMAND...: runs COMMAND, committing DIR every COMMIT_EVERY seconds and when it
-# ends; returns COMMAND's status.
+# ends, with the interim report of COMMAND --report-only --quiet (preproj compare and scaling) while it runs;
+# returns COMMAND's status.
 while_committing() {
     local out=$1 label=$2 status
     shift 2
-    ( while sleep "${COMMIT_EVERY:-600}"; do commit_runs "$out" "$label"; done ) &
+    ( while sleep "${COMMIT_EVERY:-600}"; do commit_runs "$out" "$label" "$@" --report-only --quiet; done ) &
     watcher=$!
     trap 'kill $watcher 2>/dev/null' EXIT
     "$@"

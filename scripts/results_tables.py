@@ -143,6 +143,51 @@ def comparison_table(out: Path) -> str:
     return next(b for b in blocks if b.startswith("| method | seeds"))
 
 
+BASELINE_ROWS = [  # (task, its label, metrics shown in one cell joined by " / ", their label)
+    ("lambada", "LAMBADA (lambada_openai)", ["acc"], "acc"),
+    ("lambada", "", ["perplexity"], "perplexity"),
+    ("hellaswag", "HellaSwag (validation subset)", ["acc", "acc_norm"], "acc / acc_norm"),
+    ("arc_easy", "ARC-Easy (test)", ["acc", "acc_norm"], "acc / acc_norm"),
+    ("wikitext", "WikiText-2 test, the harness's text", ["word_perplexity", "byte_perplexity"],
+     "word / byte perplexity"),
+    ("wikitext_file", "WikiText-2 test, the training file's format", ["word_perplexity", "byte_perplexity"],
+     "word / byte perplexity"),
+]
+
+
+def baseline_table(runs: dict[str, Path]) -> str:
+    """Base models side by side on the full local sets, from their runs' eval.TASK.json (± one standard error);
+    a task a run has not finished shows as –."""
+    def value(run: Path, task: str, metric: str) -> str | None:
+        path = run / f"eval.{task}.json"
+        if not path.is_file():
+            return None
+        result = json.loads(path.read_text())["result"]
+        digits = 4 if metric.startswith("acc") else 2 if metric == "word_perplexity" or task == "lambada" else 3
+        return f"{result[metric]:.{digits}f} ± {result[metric + '_stderr']:.{digits}f}"
+
+    lines = ["| task | items | metric | " + " | ".join(runs) + " |", "|---" * (len(runs) + 3) + "|"]
+    for task, label, metrics, metric_label in BASELINE_ROWS:
+        items = next((json.loads((r / f"eval.{task}.json").read_text())["result"]["n"] for r in runs.values()
+                      if label and (r / f"eval.{task}.json").is_file()), "")
+        cells = [[value(r, task, m) for m in metrics] for r in runs.values()]
+        lines.append(f"| {label} | {items} | {metric_label} | "
+                     + " | ".join(" / ".join(cell) if all(cell) else "–" for cell in cells) + " |")
+    return "\n".join(lines)
+
+
+def replication_tables(out: Path) -> str:
+    """A compare directory's methods table, paired comparisons and claims, from its results.json (which the
+    study's autocommit refreshes as runs finish)."""
+    if not (out / "results.json").is_file():
+        return "No run has been reported yet."
+    report = json.loads((out / "results.json").read_text())
+    text = comparison_table(out)
+    if report["paired"]:
+        text += "\n\n" + tables(out)
+    return text
+
+
 def bench_table(bench: Path, starts: str) -> str:
     """One table of the benchmark's own rendering (benchmarks/run.format_table) of its committed JSON: the one whose
     header row starts with `starts`."""
@@ -171,6 +216,10 @@ BLOCKS = {  # page -> {block name: what writes it}
     "docs/results/variants.md": {"variants-tables": lambda: scaling_tables(ROOT / "results" / "variants-cpu")},
     "docs/results/bf16-question.md": {"bf16-table": lambda: bf16_table(ROOT / "results" / "bf16-question")},
     "docs/results/comparison.md": {"comparison-table": lambda: comparison_table(ROOT / "results" / "compare-cpu")},
+    "docs/results/gemma3.md": {
+        "gemma3-baseline": lambda: baseline_table({"Gemma 3 270M": ROOT / "results" / "gemma3-cpu" / "base-seed42",
+                                                   "SmolLM2-135M": ROOT / "results" / "study-cpu" / "base-seed42"}),
+        "gemma3-tables": lambda: replication_tables(ROOT / "results" / "gemma3-cpu")},
     "docs/results/benchmarks.md": {name: (lambda starts=starts: bench_table(BENCH, starts)) for name, starts in (
         ("bench-train", "| method | precision"), ("bench-generate", "| dtype"), ("bench-eval", "| task | items"),
         ("bench-targets", "| target |"))} | {

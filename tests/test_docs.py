@@ -63,13 +63,28 @@ def test_the_command_table_names_only_flags_each_command_has(page):
     assert reporting == {"train", "compare", "pretrain"}
 
 
-def test_the_results_tables_are_the_ones_the_committed_results_give():
+def _results_tables():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("results_tables", ROOT / "scripts" / "results_tables.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.stale() == [], "run scripts/results_tables.py: these pages differ from their results JSON"
+    return module
+
+
+def test_the_results_tables_are_the_ones_the_committed_results_give():
+    assert _results_tables().stale() == [], "run scripts/results_tables.py: these pages differ from their results JSON"
+
+
+def test_a_baseline_table_shows_a_task_not_yet_scored_as_a_dash(tmp_path):
+    base = ROOT / "results" / "study-cpu" / "base-seed42"
+    part = tmp_path / "part"
+    part.mkdir()
+    (part / "eval.lambada.json").write_text((base / "eval.lambada.json").read_text())
+    rows = _results_tables().baseline_table({"whole": base, "part": part}).splitlines()
+    assert rows[2].startswith("| LAMBADA (lambada_openai) | 5153 | acc | 0.2944 ± 0.0063 | 0.2944 ± 0.0063 |")
+    assert rows[4].startswith("| HellaSwag") and rows[4].endswith("0.4130 ± 0.0156 | – |")  # not scored in part
+    assert len(rows) == 2 + 6
 
 
 def test_readme_links_point_at_files_that_exist():

@@ -162,6 +162,32 @@ def test_a_study_script_commits_its_runs_while_it_runs_and_keeps_the_commands_st
                               text=True).stdout
 
 
+
+def test_a_study_commits_an_interim_report_with_each_run_that_finishes(tmp_path):
+    """scripts/lib.sh: an autocommit that finds a newly finished run first rewrites the study's report from the runs
+    so far (COMMAND --report-only --quiet) and commits the two together; one that finds nothing new leaves it."""
+    lib = Path(__file__).resolve().parents[1] / "scripts" / "lib.sh"
+    (tmp_path / "study.sh").write_text(
+        'if [ "${1:-}" = --report-only ]; then ls out/*/result.json > out/report.md; echo "$2" >> out/calls; exit; fi\n'
+        "mkdir -p out/a; echo step > out/a/train_log.jsonl; sleep 2; echo {} > out/a/result.json; sleep 4\n")
+    env = {"PATH": os.environ["PATH"], "COMMIT_EVERY": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(tmp_path)}
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True, text=True, check=True).stdout
+
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "start")
+    done = subprocess.run(["bash", "-c", f'source "{lib}"; while_committing out demo bash study.sh'], cwd=tmp_path,
+                          env=env)
+    assert done.returncode == 0
+    assert (tmp_path / "out" / "calls").read_text() == "--quiet\n"  # once: when a/result.json was new
+    added = git("log", "--diff-filter=A", "--format=%H", "--", "out/report.md").split()
+    assert len(added) == 1
+    assert "out/a/result.json" in git("show", "--name-only", "--format=", added[0]).split()
+    assert git("show", "HEAD:out/report.md") == "out/a/result.json\n"
+
+
 TABLES = """import pathlib, sys
 results = pathlib.Path("results/demo/value").read_text()
 if results.startswith("bad"):
