@@ -15,8 +15,9 @@ import torch
 from peft import get_peft_model
 from transformers import Trainer, TrainingArguments
 
-from preproj.data import resolve_data_dir, tokenize_examples, training_corpus
+from preproj.data import resolve_data_dir, training_corpus
 from preproj.peft import PreProjPeftConfig
+from preproj.training.windows import tokenize_examples
 
 
 class Windows(torch.utils.data.Dataset):

@@ -247,6 +247,25 @@ def test_trackers_are_named_or_refused_clearly(tmp_path, corpus):
                   CharTokenizer(), progress=False)
 
 
+def test_packed_windows_start_with_the_tokenizers_bos_and_hold_none_inside():
+    """A tokenizer that puts BOS before every text (Gemma, Llama) gets it first in every packed window and nowhere
+    else; one that adds none packs the plain stream as it always did."""
+    from conftest import BosCharTokenizer
+
+    from preproj.training.windows import tokenize_examples
+
+    texts = ["first line of text", "second line", "a third one, longer than the others"]
+    plain = [t for text in texts for t in CharTokenizer().encode(text + "\n")]
+    ids, labels = tokenize_examples(texts, BosCharTokenizer(), seq_len=8)
+    assert ids.shape == (len(plain) // 7, 8) and torch.equal(labels, ids)
+    assert (ids[:, 0] == 1).all() and not (ids[:, 1:] == 1).any()
+    assert ids[:, 1:].flatten().tolist() == plain[: ids.shape[0] * 7]
+    ids, _ = tokenize_examples(texts, CharTokenizer(), seq_len=8)
+    assert ids.flatten().tolist() == plain[: len(plain) // 8 * 8]
+    held, _ = tokenize_examples(texts, BosCharTokenizer(), seq_len=8, max_examples=2)
+    assert held.shape == (2, 8) and (held[:, 0] == 1).all()
+
+
 def test_a_users_own_text_keeps_every_non_empty_line_in_any_of_three_forms(tmp_path):
     from preproj import data as datasets
 

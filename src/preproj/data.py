@@ -359,39 +359,3 @@ def user_text(path: Path) -> tuple[list[str], list[str], str]:
     desc = (f"{source}: {len(kept):,} non-empty lines kept ({len(raw) - len(kept):,} blank dropped); the first "
             f"{cut:,} train, the last {len(kept) - cut:,} held out")
     return kept[:cut], kept[cut:], desc
-
-
-def tokenize_examples(texts: list[str], tokenizer, seq_len: int, packing: str = "pack",
-                      max_examples: int | None = None):
-    """(input_ids, labels), each (N, seq_len) long tensors; label -100 is ignored by the loss.
-
-    max_examples stops tokenising once that many examples exist (a held-out set needs only a few).
-
-    packing 'pack': one token stream cut into seq_len windows (no padding; fastest on a CPU).
-    packing 'lines': one example per line, truncated or padded to seq_len with eos, pads masked (PAPER.md §2).
-    """
-    import torch
-
-    if packing == "pack":
-        stream = []
-        for text in texts:
-            stream += tokenizer.encode(text.strip() + "\n")
-            if max_examples is not None and len(stream) >= max_examples * seq_len:
-                break
-        n = len(stream) // seq_len if max_examples is None else min(max_examples, len(stream) // seq_len)
-        if n == 0:
-            raise ValueError(f"Only {len(stream)} tokens of text in {len(texts)} lines: fewer than one window of "
-                             f"{seq_len}; give more text or a smaller --seq-len.")
-        ids = torch.tensor(stream[: n * seq_len]).view(n, seq_len)
-        return ids, ids.clone()
-    if packing != "lines":
-        raise ValueError(f"packing must be 'pack' or 'lines', got {packing!r}.")
-    texts = texts if max_examples is None else texts[:max_examples]
-    pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
-    ids = torch.full((len(texts), seq_len), pad, dtype=torch.long)
-    labels = torch.full((len(texts), seq_len), -100, dtype=torch.long)
-    for i, text in enumerate(texts):
-        tokens = tokenizer.encode(text.strip())[:seq_len]
-        ids[i, : len(tokens)] = torch.tensor(tokens)
-        labels[i, : len(tokens)] = torch.tensor(tokens)
-    return ids, labels

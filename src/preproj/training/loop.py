@@ -26,7 +26,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..core.attach import skip_norms
-from ..data import resolve_data_dir, tokenize_examples, training_corpus
+from ..data import resolve_data_dir, training_corpus
 from ..methods.registry import build_method, method, save_method, save_model_dir
 from ..runtime import distributed as ddist
 from ..runtime.files import write_json
@@ -41,6 +41,7 @@ from .audit import Bf16Audit
 from .schedule import batch_indices, lr_at, make_optimizer
 from .signals import StopRequests, TrainingInterrupted
 from .strategy import Strategy, strategy_for
+from .windows import tokenize_examples
 
 logger = logging.getLogger(__name__)
 

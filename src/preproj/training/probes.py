@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..data import tokenize_examples
 from ..runtime.precision import compute_context
+from .windows import tokenize_examples
 
 SAMPLE_PROMPTS = ("The", "In 1990 ,", "He said that")
 
