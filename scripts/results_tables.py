@@ -153,26 +153,26 @@ BASELINE_ROWS = [  # (task, its label, metrics shown in one cell joined by " / "
     ("wikitext_file", "WikiText-2 test, the training file's format", ["word_perplexity", "byte_perplexity"],
      "word / byte perplexity"),
 ]
+DIGITS = {"acc": 4, "acc_norm": 4, "perplexity": 2, "word_perplexity": 2, "byte_perplexity": 3}
 
 
 def baseline_table(runs: dict[str, Path]) -> str:
     """Base models side by side on the full local sets, from their runs' eval.TASK.json (± one standard error);
     a task a run has not finished shows as –."""
-    def value(run: Path, task: str, metric: str) -> str | None:
-        path = run / f"eval.{task}.json"
-        if not path.is_file():
-            return None
-        result = json.loads(path.read_text())["result"]
-        digits = 4 if metric.startswith("acc") else 2 if metric == "word_perplexity" or task == "lambada" else 3
-        return f"{result[metric]:.{digits}f} ± {result[metric + '_stderr']:.{digits}f}"
+    scored = {name: {path.name[len("eval."):-len(".json")]: json.loads(path.read_text())["result"]
+                     for path in run.glob("eval.*.json")} for name, run in runs.items()}
+
+    def cell(results: dict, task: str, metrics: list[str]) -> str:
+        if task not in results:
+            return "–"
+        return " / ".join(f"{results[task][m]:.{DIGITS[m]}f} ± {results[task][m + '_stderr']:.{DIGITS[m]}f}"
+                          for m in metrics)
 
     lines = ["| task | items | metric | " + " | ".join(runs) + " |", "|---" * (len(runs) + 3) + "|"]
     for task, label, metrics, metric_label in BASELINE_ROWS:
-        items = next((json.loads((r / f"eval.{task}.json").read_text())["result"]["n"] for r in runs.values()
-                      if label and (r / f"eval.{task}.json").is_file()), "")
-        cells = [[value(r, task, m) for m in metrics] for r in runs.values()]
+        items = next((results[task]["n"] for results in scored.values() if label and task in results), "")
         lines.append(f"| {label} | {items} | {metric_label} | "
-                     + " | ".join(" / ".join(cell) if all(cell) else "–" for cell in cells) + " |")
+                     + " | ".join(cell(results, task, metrics) for results in scored.values()) + " |")
     return "\n".join(lines)
 
 

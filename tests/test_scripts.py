@@ -162,7 +162,6 @@ def test_a_study_script_commits_its_runs_while_it_runs_and_keeps_the_commands_st
                               text=True).stdout
 
 
-
 def test_a_study_commits_an_interim_report_with_each_run_that_finishes(tmp_path):
     """scripts/lib.sh: an autocommit that finds a newly finished run first rewrites the study's report from the runs
     so far (COMMAND --report-only --quiet) and commits the two together; one that finds nothing new leaves it."""
