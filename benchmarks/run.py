@@ -43,12 +43,12 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from preproj import PreProjConfig, attach, load_model
-from preproj.runtime.files import write_json
-from preproj.experiments.inspection import kv_cache_bytes
 from preproj.core.loss import causal_lm_loss
+from preproj.experiments.inspection import kv_cache_bytes
 from preproj.methods import build_method
-from preproj.runtime.precision import resolve_device
+from preproj.runtime.files import write_json
 from preproj.runtime.precision import compute_context as compute_context_for
+from preproj.runtime.precision import resolve_device
 from preproj.training import make_optimizer
 
 TARGETS = {  # name: (comparison, bound, what it says)
@@ -197,7 +197,8 @@ def bench_train(base, rounds: int, log, peak: dict, batch: int = BATCH, seq: int
         rows[key] = {"method": method, "precision": precision, "attention": attention[0] if attention else "sdpa",
                      "step_s": s, "tokens_per_s": ids.numel() / s, "flops_per_step": flops[method],
                      "flop_per_s": flops[method] / s, "mfu": mfu, "round_seconds": t}
-        log(f"  {key:<24} {s:6.2f} s/step  {ids.numel() / s:6.0f} tok/s  {flops[method] / s / 1e9:6.1f} GFLOP/s  MFU {mfu:.0%}")
+        log(f"  {key:<24} {s:6.2f} s/step  {ids.numel() / s:6.0f} tok/s  "
+            f"{flops[method] / s / 1e9:6.1f} GFLOP/s  MFU {mfu:.0%}")
     trainable = {m: sum(p.numel() for p in model.parameters() if p.requires_grad) for m, (model, _) in setups.items()}
     ratios = {"step_vs_lora": paired_ratio(times, "preproj+skip/bf16", "lora/bf16"),
               "bf16_speedup": paired_ratio(times, "preproj+skip/fp32", "preproj+skip/bf16")}
@@ -261,13 +262,14 @@ def bench_generate(base, adapted, rounds: int, new_tokens: int, log) -> dict:
             ids = ids.to(DEVICE)
             kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                       do_sample=False, pad_token_id=0)
-            t = interleaved_times({k: (lambda m=m, ids=ids, kw=kw: m.generate(ids, **kw)) for k, m in models.items()}, rounds)
+            runs = {k: (lambda m=m, ids=ids, kw=kw: m.generate(ids, **kw)) for k, m in models.items()}
+            t = interleaved_times(runs, rounds)
             key = f"{str(dtype).removeprefix('torch.')}/batch{batch}"
             rows[key] = {"base_tok_s": batch * new_tokens / statistics.median(t["base"]),
                          "adapted_tok_s": batch * new_tokens / statistics.median(t["adapted"]),
                          "ratio": paired_ratio(t, "adapted", "base"), "round_seconds": t}
-            log(f"  {key:<16} base {rows[key]['base_tok_s']:6.1f} tok/s  adapted {rows[key]['adapted_tok_s']:6.1f} tok/s  "
-                f"time ratio {rows[key]['ratio']:.3f}")
+            log(f"  {key:<16} base {rows[key]['base_tok_s']:6.1f} tok/s  "
+                f"adapted {rows[key]['adapted_tok_s']:6.1f} tok/s  time ratio {rows[key]['ratio']:.3f}")
     return {"prompt_tokens": 32, "new_tokens": new_tokens, "flop_ratio": flop_ratio, "rows": rows}
 
 
@@ -287,7 +289,8 @@ def bench_eval(model, tokenizer, data: Path, limits: dict, harness_batch: int, l
         write_local_tasks(Path(tmp), data, wikitext_docs=limits["wikitext"])
         for k, (task, limit) in enumerate(limits.items()):
             runs = {
-                "preproj": lambda t=task, n=limit: evaluate(model, tokenizer, [t], limit=n, data_dir=data, progress=False),
+                "preproj": lambda t=task, n=limit: evaluate(model, tokenizer, [t], limit=n, data_dir=data,
+                                                            progress=False),
                 "harness": lambda t=task, n=limit: run_harness(model, tokenizer, [f"preproj_{t}"], limit=n,
                                                                batch_size=harness_batch, include_path=tmp),
             }
@@ -311,9 +314,9 @@ def bench_eval_adapters(base, tokenizer, data: Path, rounds: int, log) -> dict:
     """Each method's saved adapter evaluated as `preproj eval --adapter` does it (loaded from its files, a LoRA merged),
     against the base, interleaved: the median over rounds of the two times in the same round."""
     from preproj.core.adapter import load_adapter
-    from preproj.methods.lora import merged_for_evaluation
     from preproj.evaluation import evaluate
     from preproj.methods import build_method, default_methods, save_method
+    from preproj.methods.lora import merged_for_evaluation
 
     def scorer(model):
         return lambda: evaluate(model, tokenizer, ["lambada", "wikitext"], limit=EVAL_ADAPTER_ITEMS, max_length=2048,
@@ -387,8 +390,9 @@ def bench_memory(model_name: str, data: Path, log) -> dict:
         out[job], gpu[job] = measured["peak_rss_bytes"], measured["peak_gpu_bytes"]
         log(f"  {job:<6} peak RSS {out[job] / 2**30:.2f} GiB"
             + (f", peak GPU memory {gpu[job] / 2**30:.2f} GiB" if gpu[job] is not None else ""))
-    return {"peak_rss_bytes": out, "peak_gpu_bytes": gpu, "jobs": {"load": "load_model and one 128-token forward", "train": "preproj train, 4 steps x 4 x 256, bf16-mixed",
-                                            "eval": "preproj eval, 100 LAMBADA items and 2 WikiText documents at max length 2048, fp32"}}
+    jobs = {"load": "load_model and one 128-token forward", "train": "preproj train, 4 steps x 4 x 256, bf16-mixed",
+            "eval": "preproj eval, 100 LAMBADA items and 2 WikiText documents at max length 2048, fp32"}
+    return {"peak_rss_bytes": out, "peak_gpu_bytes": gpu, "jobs": jobs}
 
 
 # --- report ----------------------------------------------------------------------------------------
@@ -419,13 +423,15 @@ def format_table(r: dict) -> str:
     lines = []
     if "train" in r:
         peak = r["train"]["peak_in_rounds"]
-        lines += ["", f"Training step, batch {r['train']['batch']} x seq {r['train']['seq_len']} (matmul peak in the same "
-                      f"rounds: bf16 {peak['bf16_flop_per_s'] / 1e9:.0f}, fp32 {peak['fp32_flop_per_s'] / 1e9:.0f} GFLOP/s)",
-                  "| method | precision | attention | step (s) | tokens/s | GFLOP/s | MFU |", "|---|---|---|---|---|---|---|"]
+        lines += ["", f"Training step, batch {r['train']['batch']} x seq {r['train']['seq_len']} "
+                      f"(matmul peak in the same rounds: bf16 {peak['bf16_flop_per_s'] / 1e9:.0f}, "
+                      f"fp32 {peak['fp32_flop_per_s'] / 1e9:.0f} GFLOP/s)",
+                  "| method | precision | attention | step (s) | tokens/s | GFLOP/s | MFU |",
+                  "|---|---|---|---|---|---|---|"]
         for row in r["train"]["rows"].values():
             mfu = row["mfu"]
-            lines.append(f"| {row['method']} | {row['precision']} | {row['attention']} | {row['step_s']:.2f} | {row['tokens_per_s']:.0f} | "
-                         f"{row['flop_per_s'] / 1e9:.0f} | {mfu:.0%} |")
+            lines.append(f"| {row['method']} | {row['precision']} | {row['attention']} | {row['step_s']:.2f} | "
+                         f"{row['tokens_per_s']:.0f} | {row['flop_per_s'] / 1e9:.0f} | {mfu:.0%} |")
     if "generate" in r:
         g = r["generate"]
         lines += ["", f"Greedy generation, {g['prompt_tokens']}-token prompt + {g['new_tokens']} tokens "
@@ -435,16 +441,19 @@ def format_table(r: dict) -> str:
             lines.append(f"| {key} | {row['base_tok_s']:.1f} | {row['adapted_tok_s']:.1f} | {row['ratio']:.3f} |")
     if "kv" in r:
         kv = r["kv"]
-        lines += ["", f"K/V cache at {kv['context']} tokens: base {kv['base_bytes']:,} B, adapted {kv['adapted_bytes']:,} B"]
+        lines += ["", f"K/V cache at {kv['context']} tokens: base {kv['base_bytes']:,} B, "
+                      f"adapted {kv['adapted_bytes']:,} B"]
     if "eval" in r:
-        lines += ["", f"preproj eval vs lm-evaluation-harness HFLM (batch {r['eval']['harness_batch_size']}), adapted model, fp32",
+        lines += ["", f"preproj eval vs lm-evaluation-harness HFLM (batch {r['eval']['harness_batch_size']}), "
+                      "adapted model, fp32",
                   "| task | items | preproj (s) | harness (s) | ratio |", "|---|---|---|---|---|"]
         for row in r["eval"]["rows"]:
-            lines.append(f"| {row['task']} | {row['limit']} | {row['preproj_s']:.1f} | {row['harness_s']:.1f} | {row['ratio']:.2f} |")
+            lines.append(f"| {row['task']} | {row['limit']} | {row['preproj_s']:.1f} | {row['harness_s']:.1f} | "
+                         f"{row['ratio']:.2f} |")
     if "eval_adapters" in r:
-        lines += ["", f"`preproj eval --adapter` vs the base ({r['eval_adapters']['items']} LAMBADA items and WikiText-2 "
-                  "documents, 2048-token windows, fp32; LoRA merged)", "| method | adapter (s) | base (s) | ratio |",
-                  "|---|---|---|---|"]
+        lines += ["", f"`preproj eval --adapter` vs the base ({r['eval_adapters']['items']} LAMBADA items and "
+                  "WikiText-2 documents, 2048-token windows, fp32; LoRA merged)",
+                  "| method | adapter (s) | base (s) | ratio |", "|---|---|---|---|"]
         for name, row in r["eval_adapters"]["rows"].items():
             lines.append(f"| {name} | {row['adapter_s']:.1f} | {row['base_s']:.1f} | {row['ratio']:.2f} |")
     if "memory" in r:
@@ -484,7 +493,8 @@ def main() -> None:
                          "eval_adapters,memory.")
     data = resolve_data_dir(args.data_dir)
     if data is None and {"eval", "eval_adapters", "memory"} & set(sections):
-        raise SystemExit("The eval and memory sections need the data: set --data-dir or PREPROJ_DATA_DIR (../shared/data).")
+        raise SystemExit("The eval and memory sections need the data: set --data-dir or PREPROJ_DATA_DIR "
+                         "(../shared/data).")
     wall = time.monotonic()
 
     def log(msg: str) -> None:
@@ -494,14 +504,16 @@ def main() -> None:
     base, tokenizer = load_model(args.model, device=DEVICE)
     base.eval()
     d, ffn = base.config.hidden_size, getattr(base.config, "intermediate_size", 4 * base.config.hidden_size)
-    r = {"model": args.model, "device": str(DEVICE), "torch": torch.__version__, "threads": torch.get_num_threads(), "rounds": args.rounds}
+    r = {"model": args.model, "device": str(DEVICE), "torch": torch.__version__, "threads": torch.get_num_threads(),
+         "rounds": args.rounds}
 
     if "peak" in sections or "train" in sections:
         log("peak: matmul roofline")
         peak = {dtype: matmul_peak(getattr(torch, name), d, ffn)[::-1] for dtype, name in DTYPES.items()}
         r["peak"] = {f"{dtype}_{k}": v for dtype, (shape, flop_per_s) in peak.items()
                      for k, v in (("flop_per_s", flop_per_s), ("shape", shape))}
-        log("  " + ", ".join(f"{dtype} {f / 1e9:.0f} GFLOP/s at {'x'.join(map(str, shape))}" for dtype, (shape, f) in peak.items()))
+        log("  " + ", ".join(f"{dtype} {f / 1e9:.0f} GFLOP/s at {'x'.join(map(str, shape))}"
+                             for dtype, (shape, f) in peak.items()))
     if "train" in sections:
         log("train: one frozen-probe step per method and precision, the peak product in every round")
         r["train"] = bench_train(base, args.rounds, log, peak)
@@ -533,7 +545,8 @@ def main() -> None:
     print(format_table(r))
     missed = [t["what"] for t in r["targets"].values() if not t["met"]]
     print(f"\nsummary: {len(r['targets']) - len(missed)}/{len(r['targets'])} targets met"
-          + (f" (missed: {'; '.join(missed)})" if missed else "") + f"; {r['wall_seconds'] / 60:.1f} min; wrote {args.out}")
+          + (f" (missed: {'; '.join(missed)})" if missed else "")
+          + f"; {r['wall_seconds'] / 60:.1f} min; wrote {args.out}")
 
 
 if __name__ == "__main__":

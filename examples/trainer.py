@@ -57,7 +57,8 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m", help="Embedded name, hub id or local directory.")
     parser.add_argument("--steps", type=int, default=20, help="Optimizer steps.")
     parser.add_argument("--out", default="runs/trainer", help="Where the adapter is written.")
-    parser.add_argument("--data-dir", default=None, help="Directory laid out as ../shared/data; default $PREPROJ_DATA_DIR.")
+    parser.add_argument("--data-dir", default=None,
+                        help="Directory laid out as ../shared/data; default $PREPROJ_DATA_DIR.")
     a = parser.parse_args()
 
     from preproj import load_model

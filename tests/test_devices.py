@@ -154,7 +154,8 @@ def test_load_and_train_follow_the_precision(tmp_path, name):
 
 FACTORIES = {torch.tensor, torch.as_tensor, torch.zeros, torch.ones, torch.empty, torch.full, torch.arange,
              torch.rand, torch.randn, torch.randint, torch.linspace, torch.eye}
-HOST_DATA = {"data.py", "windows.py"}  # token ids live in host memory, like a DataLoader's; each batch is moved to the model
+# Token ids live in host memory, like a DataLoader's; each batch is moved to the model.
+HOST_DATA = {"data.py", "windows.py"}
 
 
 class FactoryCalls(TorchFunctionMode):

@@ -146,6 +146,7 @@ def test_functions_and_modules_stay_small():
 def test_the_code_passes_its_linter():
     """ruff with the rules pyproject.toml selects (pinned in the test extra, so a new ruff release cannot fail CI)."""
     root = SRC.parents[1]
-    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "src", "tests", "scripts"],
-                          cwd=root, capture_output=True, text=True)
+    code = ["src", "tests", "scripts", "benchmarks", "examples"]
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", *code], cwd=root, capture_output=True,
+                          text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
