@@ -7,8 +7,9 @@
 export ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-avx2}
 
 # commit_runs DIR LABEL [REPORT...]: what DIR holds now, as one commit (nothing new: no commit). Where DIR holds a
-# result not yet committed (a run's result.json or summary.json, a task's eval.TASK.json), REPORT first rewrites the
-# study's report from the runs finished so far (its failure is printed and the results go in all the same). In this
+# result newer than its report.md (a run's result.json or summary.json, a task's eval.TASK.json), REPORT first
+# rewrites the study's report from the runs finished so far (its failure is printed and the results go in all the
+# same). Newer than the report, not uncommitted: another study's autocommit may have committed it already. In this
 # repository the other studies' results go in too, with the tables of README and docs/results written from them
 # (scripts/results_tables.py) in the same commit, so that main never holds results its pages do not show, however a
 # session ends. A page with edits of its own not yet committed is left for whoever is editing it; while the tables
@@ -16,8 +17,10 @@ export ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-avx2}
 commit_runs() {
     local paths=("$1") label=$2 page
     shift 2
-    if [ $# -gt 0 ] && git status --porcelain --untracked-files=all -- "${paths[0]}" |
-            grep -Eq '/(result|summary|eval\.[^/]*)\.json$'; then
+    local newer=()
+    [ -f "${paths[0]}/report.md" ] && newer=(-newer "${paths[0]}/report.md")
+    if [ $# -gt 0 ] && [ -n "$(find "${paths[0]}" "${newer[@]}" -regextype posix-extended \
+            -regex '.*/(result|summary|eval\.[^/]*)\.json' -print -quit 2>/dev/null)" ]; then
         "$@" >/dev/null 2>&1 || echo "commit_runs: the interim report ($*) failed; committing the runs without it" >&2
     fi
     if [ -f scripts/results_tables.py ]; then

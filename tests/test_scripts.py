@@ -162,13 +162,16 @@ def test_a_study_script_commits_its_runs_while_it_runs_and_keeps_the_commands_st
                               text=True).stdout
 
 
-def test_a_study_commits_an_interim_report_with_each_run_that_finishes(tmp_path):
-    """scripts/lib.sh: an autocommit that finds a newly finished run first rewrites the study's report from the runs
-    so far (COMMAND --report-only --quiet) and commits the two together; one that finds nothing new leaves it."""
+@pytest.mark.parametrize("committed_elsewhere", [False, True])
+def test_a_study_commits_an_interim_report_with_each_run_that_finishes(tmp_path, committed_elsewhere):
+    """scripts/lib.sh: an autocommit that finds a run finished since the study's last report first rewrites the
+    report from the runs so far (COMMAND --report-only --quiet) and commits it; one that finds nothing new leaves it.
+    A result that another study's autocommit has already committed still gets its report."""
     lib = Path(__file__).resolve().parents[1] / "scripts" / "lib.sh"
+    elsewhere = "git add -A out; git commit -q -m elsewhere; " if committed_elsewhere else ""
     (tmp_path / "study.sh").write_text(
         'if [ "${1:-}" = --report-only ]; then ls out/*/result.json > out/report.md; echo "$2" >> out/calls; exit; fi\n'
-        "mkdir -p out/a; echo step > out/a/train_log.jsonl; sleep 2; echo {} > out/a/result.json; sleep 4\n")
+        f"mkdir -p out/a; echo step > out/a/train_log.jsonl; sleep 2; echo {{}} > out/a/result.json; {elsewhere}sleep 4\n")
     env = {"PATH": os.environ["PATH"], "COMMIT_EVERY": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(tmp_path)}
 
@@ -183,7 +186,8 @@ def test_a_study_commits_an_interim_report_with_each_run_that_finishes(tmp_path)
     assert (tmp_path / "out" / "calls").read_text() == "--quiet\n"  # once: when a/result.json was new
     added = git("log", "--diff-filter=A", "--format=%H", "--", "out/report.md").split()
     assert len(added) == 1
-    assert "out/a/result.json" in git("show", "--name-only", "--format=", added[0]).split()
+    if not committed_elsewhere:
+        assert "out/a/result.json" in git("show", "--name-only", "--format=", added[0]).split()
     assert git("show", "HEAD:out/report.md") == "out/a/result.json\n"
 
 
