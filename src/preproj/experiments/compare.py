@@ -280,7 +280,8 @@ def _write_report(report: dict, runs: list[dict], methods: list[str], out: Path,
     norms = {m: report["methods"][m]["skip_norms"] for m in methods if report["methods"][m]["skip_norms"]}
     write_json(out / "skip_norms.json", {"ours": norms, "paper": PAPER_SKIP_NORMS})
     plot_skip_norms(norms, out / "skip_norms.png", model_name)
-    plot_training_curves(runs, out / "training_curves.png")
+    if any(r["log"] for r in runs):  # an interim report with only the base has no curve to draw
+        plot_training_curves(runs, out / "training_curves.png")
     if report["paired"]:
         plot_paired(report["paired"], out / "paired.png")
     text = render_report(report)
