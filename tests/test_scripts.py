@@ -171,7 +171,8 @@ def test_a_study_commits_an_interim_report_with_each_run_that_finishes(tmp_path,
     elsewhere = "git add -A out; git commit -q -m elsewhere; " if committed_elsewhere else ""
     (tmp_path / "study.sh").write_text(
         'if [ "${1:-}" = --report-only ]; then ls out/*/result.json > out/report.md; echo "$2" >> out/calls; exit; fi\n'
-        f"mkdir -p out/a; echo step > out/a/train_log.jsonl; sleep 2; echo {{}} > out/a/result.json; {elsewhere}sleep 4\n")
+        "mkdir -p out/a; echo step > out/a/train_log.jsonl; sleep 2; echo {} > out/a/result.json; "
+        f"{elsewhere}sleep 4\n")
     env = {"PATH": os.environ["PATH"], "COMMIT_EVERY": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(tmp_path)}
 
