@@ -127,7 +127,7 @@ class CharTokenizer:
 
     bos_token_id, eos_token_id, pad_token_id = 1, 2, 2
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True, split_special_tokens: bool = False) -> list[int]:
         return [3 + (ord(c) % 90) for c in text]
 
     def decode(self, ids: int | list[int]) -> str:
@@ -139,7 +139,7 @@ class CharTokenizer:
 class BosCharTokenizer(CharTokenizer):
     """CharTokenizer that starts every encoding with BOS unless asked not to (as Llama-2's tokenizer does)."""
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True, split_special_tokens: bool = False) -> list[int]:
         return ([self.bos_token_id] if add_special_tokens else []) + super().encode(text)
 
 

@@ -11,6 +11,14 @@ def leading_special_tokens(tokenizer) -> list[int]:
     return marked[: marked.index(plain[0])] if plain and plain[0] in marked else []
 
 
+def encode_as_text(tokenizer, text: str, add_special_tokens: bool = False) -> list[int]:
+    """Token ids of `text` read as plain text: a special token's spelling inside it is encoded as the characters it
+    is, never as the control token. WikiText-2's tokenized train writes rare words as `<unk>`, which Gemma's tokenizer
+    would otherwise turn into its UNK token, one the model never learned to predict: those few positions would take
+    a large share of the loss and its gradient, teaching the modules a token no evaluation text contains."""
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens, split_special_tokens=True)
+
+
 def tokenize_examples(texts: list[str], tokenizer, seq_len: int, packing: str = "pack",
                       max_examples: int | None = None):
     """(input_ids, labels), each (N, seq_len) long tensors; label -100 is ignored by the loss.
@@ -21,6 +29,7 @@ def tokenize_examples(texts: list[str], tokenizer, seq_len: int, packing: str = 
     puts its BOS before every text (Gemma, Llama) gets it at the start of every window and nowhere else, as the
     model saw text in pretraining and sees it in evaluation: Gemma 3 270M's loss on WikiText is about a nat higher
     on windows that lack it, and modules trained there learn to undo that instead of the task.
+    Text is encoded as plain text (encode_as_text).
     packing 'lines': one example per line, truncated or padded to seq_len with eos, pads masked (PAPER.md §2).
     """
     import torch
@@ -30,7 +39,7 @@ def tokenize_examples(texts: list[str], tokenizer, seq_len: int, packing: str = 
         body = seq_len - len(lead)
         stream = []
         for text in texts:
-            stream += tokenizer.encode(text.strip() + "\n", add_special_tokens=False)
+            stream += encode_as_text(tokenizer, text.strip() + "\n")
             if max_examples is not None and len(stream) >= max_examples * body:
                 break
         n = len(stream) // body if max_examples is None else min(max_examples, len(stream) // body)
@@ -47,7 +56,7 @@ def tokenize_examples(texts: list[str], tokenizer, seq_len: int, packing: str = 
     ids = torch.full((len(texts), seq_len), pad, dtype=torch.long)
     labels = torch.full((len(texts), seq_len), -100, dtype=torch.long)
     for i, text in enumerate(texts):
-        tokens = tokenizer.encode(text.strip())[:seq_len]
+        tokens = encode_as_text(tokenizer, text.strip(), add_special_tokens=True)[:seq_len]
         ids[i, : len(tokens)] = torch.tensor(tokens)
         labels[i, : len(tokens)] = torch.tensor(tokens)
     return ids, labels
