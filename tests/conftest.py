@@ -143,18 +143,24 @@ class BosCharTokenizer(CharTokenizer):
         return ([self.bos_token_id] if add_special_tokens else []) + super().encode(text)
 
 
-def tiny_model_dir(path: Path, corpus: list[str], family: str = "llama", seed: int = 0) -> Path:
-    """A tiny model saved as an ordinary model directory (config, safetensors, a real byte-level BPE
-    tokenizer trained on `corpus`), loadable by `preproj.load_model` and by a `preproj` subprocess."""
+def byte_bpe_tokenizer(corpus: list[str], vocab_size: int, special_tokens: list[str], **token_names):
+    """A real byte-level BPE tokenizer trained on `corpus`, as a transformers fast tokenizer; token_names names its
+    special tokens (eos_token="<|endoftext|>", ...)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"],
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens,
                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
-                                                     bos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **token_names)
+
+
+def tiny_model_dir(path: Path, corpus: list[str], family: str = "llama", seed: int = 0) -> Path:
+    """A tiny model saved as an ordinary model directory (config, safetensors, a real byte-level BPE
+    tokenizer trained on `corpus`), loadable by `preproj.load_model` and by a `preproj` subprocess."""
+    tokenizer = byte_bpe_tokenizer(corpus, 320, ["<|endoftext|>"], eos_token="<|endoftext|>",
+                                   bos_token="<|endoftext|>", pad_token="<|endoftext|>")
     config = TINY_CONFIGS[family]()
     config.vocab_size = len(tokenizer)
     config.max_position_embeddings = 256

@@ -269,17 +269,12 @@ def test_packed_windows_start_with_the_tokenizers_bos_and_hold_none_inside():
 def test_a_special_tokens_spelling_in_training_text_stays_text():
     """WikiText-2's tokenized train spells rare words `<unk>`; a tokenizer with an `<unk>` special token (Gemma's)
     must encode it as those characters, not as a control token the model never learned to predict."""
-    import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from conftest import byte_bpe_tokenizer
 
     from preproj.training.windows import tokenize_examples
 
     texts = ["the <unk> of the river was <unk> in 1900", "a second line about the river and its <unk>"] * 4
-    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
-    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
-    bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>", "<unk>"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<eos>", unk_token="<unk>")
+    tokenizer = byte_bpe_tokenizer(texts, 300, ["<eos>", "<unk>"], eos_token="<eos>", unk_token="<unk>")
     unk = tokenizer.unk_token_id
     assert unk in tokenizer.encode(texts[0])  # what the default encoding would have trained on
     for packing in ("pack", "lines"):

@@ -21,7 +21,8 @@ def encode_as_text(tokenizer, text: str, add_special_tokens: bool = False) -> li
 
 def tokenize_examples(texts: list[str], tokenizer, seq_len: int, packing: str = "pack",
                       max_examples: int | None = None):
-    """(input_ids, labels), each (N, seq_len) long tensors; label -100 is ignored by the loss.
+    """(input_ids, labels), each (N, seq_len) long tensors; label -100 is ignored by the loss. Text is encoded as
+    plain text (encode_as_text).
 
     max_examples stops tokenising once that many examples exist (a held-out set needs only a few).
 
@@ -29,7 +30,6 @@ def tokenize_examples(texts: list[str], tokenizer, seq_len: int, packing: str = 
     puts its BOS before every text (Gemma, Llama) gets it at the start of every window and nowhere else, as the
     model saw text in pretraining and sees it in evaluation: Gemma 3 270M's loss on WikiText is about a nat higher
     on windows that lack it, and modules trained there learn to undo that instead of the task.
-    Text is encoded as plain text (encode_as_text).
     packing 'lines': one example per line, truncated or padded to seq_len with eos, pads masked (PAPER.md §2).
     """
     import torch
