@@ -137,6 +137,17 @@ def twin_of(rule: str) -> str:
     return "raw, n-1 df" if rule.startswith("subtract") else "subtract, Satterthwaite df"
 
 
+def committed_to(plan: dict, family: dict) -> set[tuple[str, str, str]]:
+    """The entries a plan declared in a file commits a family to, among its comparisons, finished or not."""
+    if not plan.get("file"):
+        return set()
+    pairs = {(c["method"], c["reference"]) for c in plan["comparisons"]}
+    if family["members"] != "all":
+        return {(x["method"], x["reference"], x["metric"]) for x in family["members"]
+                if (x["method"], x["reference"]) in pairs}
+    return {(m, r, metric) for m, r in pairs for metric in plan.get("metrics", [])}
+
+
 def recomputed(out: Path, report: dict, rule: str) -> list[dict]:
     """Every paired entry of the report under `rule`: effect, interval, p, the p its family decides by, verdict."""
     plan, seeds = report["plan"], {m: row["seeds"] for m, row in report["methods"].items()}
@@ -153,7 +164,10 @@ def recomputed(out: Path, report: dict, rule: str) -> list[dict]:
                                                           for x in family["members"]}
         idx = [i for i, e in enumerate(report["paired"])
                if wanted is None or (e["method"], e["reference"], e["metric"]) in wanted]
-        for i, q in zip(idx, (holm if family["correction"] == "holm" else bh)([mine[i]["p"] for i in idx])):
+        measured = {(e["method"], e["reference"], e["metric"]) for e in report["paired"]}
+        missing = [1.0] * len(committed_to(plan, family) - measured)  # declared, runs still to come
+        adjusted = (holm if family["correction"] == "holm" else bh)([mine[i]["p"] for i in idx] + missing)
+        for i, q in zip(idx, adjusted):
             if family["correction"] == "holm" or mine[i]["family"] is None:
                 mine[i]["family"], mine[i]["q"] = family["name"], q
     for m in mine:

@@ -66,6 +66,7 @@ def claims_table(report: dict) -> str:
 
 HEADLINE = [("skip", "base", "lambada.acc"), ("preproj+skip", "base", "lambada.acc"),
             ("preproj+skip", "skip", "lambada.acc"),
+            ("preproj+skip", "base", "wikitext_file.word_perplexity"),
             ("preproj", "base", "wikitext.word_perplexity"), ("lora", "base", "wikitext.word_perplexity"),
             ("preproj+skip", "lora", "wikitext.heldout_loss")]
 

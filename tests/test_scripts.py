@@ -123,6 +123,26 @@ def test_recompute_agrees_with_compare_from_the_item_files_alone_and_catches_a_c
     assert "skip - base lambada.acc: effect" in capsys.readouterr().out
 
 
+def test_recompute_corrects_a_declared_family_for_its_members_still_to_come(tmp_path, capsys):
+    """A plan file declares a claim and a metric nothing has measured yet (HellaSwag): both corrections count them as
+    p = 1, and recompute.py, reading the same plan, agrees; a report that dropped them would not."""
+    from preproj.analysis.pairing import analysis_plan
+
+    plan = analysis_plan(tmp_path, ["base", "skip", "lora"], "harness")
+    plan["metrics"] = ["lambada.acc", "hellaswag.acc_norm", "wikitext.word_perplexity", "wikitext_file.word_perplexity"]
+    plan["families"][0]["members"] = [{"method": "skip", "reference": "base", "metric": m} for m in plan["metrics"]]
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "analysis_plan.json").write_text(json.dumps(plan))
+    _study_fixture(tmp_path)
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert report["plan"]["unmeasured"] == {"claims": 1, "all": 3}  # hellaswag: skip - base in claims; 3 pairs in all
+    recompute = _load("recompute")
+    assert recompute.main([str(tmp_path)]) == 0 and "all agree" in capsys.readouterr().out
+    report["plan"].pop("file")  # the same numbers read as a default plan: nothing declared is still to come
+    (tmp_path / "results.json").write_text(json.dumps(report))
+    assert recompute.main([str(tmp_path)]) == 1 and "adjusted p" in capsys.readouterr().out
+
+
 def test_coverage_map_subset_welch_undercovers_where_one_arms_seeds_dominate_and_the_chosen_rule_does_not():
     """A fast cell of results/coverage.md's map (fixed seeds, so the same numbers every run): 3 v 3 seeds, one arm's
     seeds varying far more than the other's, the study's situation against LoRA."""

@@ -110,17 +110,40 @@ def paired_comparisons(runs: list[dict], methods: list[str], protocol: str, out:
             for p in paired_between(a, b, protocol, seed_paired, r):
                 if not plan.get("metrics") or p.metric in plan["metrics"]:
                     entries.append({"method": method, "reference": reference, **p.to_dict(), "raw_verdict": p.verdict})
-    correct(found, plan)
-    correct(twin, plan)
+    declared = declared_members(plan)
+    correct(found, plan, declared)
+    correct(twin, plan, declared)
     for entry, other in zip(found, twin, strict=True):
         entry["fragile"] = entry["verdict"] != other["verdict"]
         entry["text"] = describe_entry(entry)
     return found
 
 
-def correct(found: list[dict], plan: dict) -> None:
+def declared_members(plan: dict) -> dict[str, set[tuple[str, str, str]]]:
+    """family -> the (method, reference, metric) entries a plan declared in a file commits it to, among the plan's
+    comparisons (whether or not their runs have finished): a named list, or for "all" every comparison on every metric
+    the plan lists. A default plan (none declared) and an "all" family without declared metrics commit to nothing
+    beyond what has been measured."""
+    if not plan.get("file"):
+        return {}
+    pairs, declared = {(c["method"], c["reference"]) for c in plan["comparisons"]}, {}
+    for family in plan["families"]:
+        if family["members"] != "all":
+            declared[family["name"]] = {(x["method"], x["reference"], x["metric"]) for x in family["members"]
+                                        if (x["method"], x["reference"]) in pairs}
+        elif plan.get("metrics"):
+            declared[family["name"]] = {(m, r, metric) for m, r in pairs for metric in plan["metrics"]}
+    return declared
+
+
+def correct(found: list[dict], plan: dict, declared: dict[str, set] | None = None) -> None:
     """Adjusted p-values per family (Holm or Benjamini-Hochberg), and each entry's verdict from its adjusted p: a claim
-    follows its Holm family, every other entry Benjamini-Hochberg over all comparisons."""
+    follows its Holm family, every other entry Benjamini-Hochberg over all comparisons.
+
+    A declared member not measured yet (its runs are still to come) keeps its place in the family as p = 1, so an
+    interim report corrects for the whole declared family: both corrections only lower an adjusted p when a p falls,
+    so no call an interim report makes is withdrawn when the rest arrive. How many each family still lacks is
+    written to the plan as `unmeasured` (declared_members gives `declared`)."""
     alpha = plan.get("alpha", 0.05)
     adjust = {"holm": holm, "benjamini-hochberg": benjamini_hochberg}
     for family in plan["families"]:
@@ -130,7 +153,12 @@ def correct(found: list[dict], plan: dict) -> None:
         wanted = None if family["members"] == "all" else {(x["method"], x["reference"], x["metric"])
                                                           for x in family["members"]}
         members = [e for e in found if wanted is None or (e["method"], e["reference"], e["metric"]) in wanted]
-        for entry, q in zip(members, adjust[family["correction"]]([e["p"] for e in members])):
+        measured = {(e["method"], e["reference"], e["metric"]) for e in members}
+        unmeasured = len((declared or {}).get(family["name"], set()) - measured)
+        if declared is not None:
+            plan.setdefault("unmeasured", {})[family["name"]] = unmeasured
+        p_values = [e["p"] for e in members] + [1.0] * unmeasured
+        for entry, q in zip(members, adjust[family["correction"]](p_values)):
             entry.setdefault("adjusted", {})[family["name"]] = q
             if family["correction"] == "holm" or "decided_by" not in entry:
                 entry["decided_by"] = family["name"]

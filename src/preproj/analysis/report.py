@@ -127,9 +127,12 @@ def _sweep_section(sweep: dict | None) -> list[str]:
 def paired_paragraph(report: dict) -> str:
     """How to read the table, then what it says, written from the adjusted verdicts."""
     paired, plan = report["paired"], report.get("plan") or {}
+    unmeasured = plan.get("unmeasured", {})
     families = "; ".join(f"{f['name']}: {f['correction']} over "
                          + ("every comparison" if f["members"] == "all"
                             else f"{len(f['members'])} declared comparisons")
+                         + (f", {unmeasured[f['name']]} of them not measured yet and counted as p = 1"
+                            if unmeasured.get(f["name"]) else "")
                          for f in plan.get("families", []))
     how = ("Each cell is the paired difference (method minus the reference; for perplexity and held-out loss, lower is "
            "better) with its 95% interval and p-value. The items' variance is the paired bootstrap's, in closed form; "
