@@ -108,8 +108,9 @@ def test_a_claim_follows_holm_within_its_family_and_a_plan_file_changes_the_fami
 
 
 def test_a_declared_member_still_to_come_counts_as_p_one_so_no_interim_call_is_withdrawn(tmp_path):
-    """A plan file declares three claims; with one not measured yet, Holm corrects over all three (the missing one
-    as p = 1) and the report says so. Once it arrives no adjusted p rises, whatever its p, and the call stands."""
+    """A plan file declares three claims among its comparisons (and one outside them); with one not measured yet,
+    Holm corrects over all three (the missing one as p = 1) and the report says so. Once it arrives no adjusted p
+    rises, whatever its p, and the call stands."""
     from preproj.analysis.pairing import declared_members, describe_entry
     from preproj.analysis.report import paired_paragraph
 
@@ -119,22 +120,23 @@ def test_a_declared_member_still_to_come_counts_as_p_one_so_no_interim_call_is_w
     entries = [{**pick, "metric": f"{t}.{column_names('harness')[t]}", "p": pick["p"] * (1 + i)}
                for i, t in enumerate(tasks)]
     members = [{k: e[k] for k in ("method", "reference", "metric")} for e in entries]
+    elsewhere = {"method": "preproj+skip", "reference": "preproj", "metric": "hellaswag.acc_norm"}  # not compared here
     plan = {"alpha": 0.05, "comparisons": [{"method": "preproj+skip", "reference": "base"}],
-            "families": [{"name": "claims", "correction": "holm", "members": members}]}
+            "families": [{"name": "claims", "correction": "holm", "members": [*members, elsewhere]}]}
     (tmp_path / "analysis_plan.json").write_text(json.dumps(plan))
     declared = analysis_plan(tmp_path, [], "harness")
     assert declared_members(declared) == {"claims": {(m["method"], m["reference"], m["metric"]) for m in members}}
 
     interim = [dict(e) for e in entries[:2]]
     correct(interim, declared, declared_members(declared))
-    assert declared["unmeasured"] == {"claims": 1}
+    assert declared["measured"] == {"claims": {"declared": 3, "unmeasured": 1}}
     assert [e["adjusted"]["claims"] for e in interim] == pytest.approx([3 * pick["p"], 2 * 2 * pick["p"]])
     text = paired_paragraph({"paired": [{**e, "text": describe_entry(e)} for e in interim], "plan": declared})
     assert "3 declared comparisons, 1 of them not measured yet and counted as p = 1" in text
     for p_last in (1e-6, 0.5, 1.0):  # the last one arrives, at any p
         final = [dict(e) for e in entries[:2]] + [{**entries[2], "p": p_last}]
         correct(final, declared, declared_members(declared))
-        assert declared["unmeasured"] == {"claims": 0}
+        assert declared["measured"] == {"claims": {"declared": 3, "unmeasured": 0}}
         assert all(f["adjusted"]["claims"] <= i["adjusted"]["claims"] for f, i in zip(final, interim))
 
     undeclared = {**declared, "file": None}  # a default plan commits to nothing not yet measured

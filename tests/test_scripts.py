@@ -135,7 +135,8 @@ def test_recompute_corrects_a_declared_family_for_its_members_still_to_come(tmp_
     (tmp_path / "analysis_plan.json").write_text(json.dumps(plan))
     _study_fixture(tmp_path)
     report = json.loads((tmp_path / "results.json").read_text())
-    assert report["plan"]["unmeasured"] == {"claims": 1, "all": 3}  # hellaswag: skip - base in claims; 3 pairs in all
+    assert report["plan"]["measured"] == {"claims": {"declared": 4, "unmeasured": 1},  # skip - base on hellaswag
+                                          "all": {"declared": 12, "unmeasured": 3}}   # every pair on hellaswag
     recompute = _load("recompute")
     assert recompute.main([str(tmp_path)]) == 0 and "all agree" in capsys.readouterr().out
     report["plan"].pop("file")  # the same numbers read as a default plan: nothing declared is still to come

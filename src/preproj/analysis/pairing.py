@@ -142,8 +142,8 @@ def correct(found: list[dict], plan: dict, declared: dict[str, set] | None = Non
 
     A declared member not measured yet (its runs are still to come) keeps its place in the family as p = 1, so an
     interim report corrects for the whole declared family: both corrections only lower an adjusted p when a p falls,
-    so no call an interim report makes is withdrawn when the rest arrive. How many each family still lacks is
-    written to the plan as `unmeasured` (declared_members gives `declared`)."""
+    so no call an interim report makes is withdrawn when the rest arrive. Each declared family's size and how many of
+    it are measured go into the plan as `measured` (declared_members gives `declared`)."""
     alpha = plan.get("alpha", 0.05)
     adjust = {"holm": holm, "benjamini-hochberg": benjamini_hochberg}
     for family in plan["families"]:
@@ -153,10 +153,12 @@ def correct(found: list[dict], plan: dict, declared: dict[str, set] | None = Non
         wanted = None if family["members"] == "all" else {(x["method"], x["reference"], x["metric"])
                                                           for x in family["members"]}
         members = [e for e in found if wanted is None or (e["method"], e["reference"], e["metric"]) in wanted]
-        measured = {(e["method"], e["reference"], e["metric"]) for e in members}
-        unmeasured = len((declared or {}).get(family["name"], set()) - measured)
-        if declared is not None:
-            plan.setdefault("unmeasured", {})[family["name"]] = unmeasured
+        unmeasured = 0
+        if declared and family["name"] in declared:
+            commitment = declared[family["name"]]
+            unmeasured = len(commitment - {(e["method"], e["reference"], e["metric"]) for e in members})
+            plan.setdefault("measured", {})[family["name"]] = {"declared": len(commitment),
+                                                               "unmeasured": unmeasured}
         p_values = [e["p"] for e in members] + [1.0] * unmeasured
         for entry, q in zip(members, adjust[family["correction"]](p_values)):
             entry.setdefault("adjusted", {})[family["name"]] = q

@@ -124,15 +124,21 @@ def _sweep_section(sweep: dict | None) -> list[str]:
     return lines
 
 
+def _family_size(family: dict, plan: dict) -> str:
+    """'19 declared comparisons, 3 of them not measured yet and counted as p = 1', or what the plan leaves open."""
+    measured = plan.get("measured", {}).get(family["name"])
+    if measured is None:
+        return "every comparison" if family["members"] == "all" else f"{len(family['members'])} declared comparisons"
+    size = f"{measured['declared']} declared comparisons"
+    if measured["unmeasured"]:
+        size += f", {measured['unmeasured']} of them not measured yet and counted as p = 1"
+    return size
+
+
 def paired_paragraph(report: dict) -> str:
     """How to read the table, then what it says, written from the adjusted verdicts."""
     paired, plan = report["paired"], report.get("plan") or {}
-    unmeasured = plan.get("unmeasured", {})
-    families = "; ".join(f"{f['name']}: {f['correction']} over "
-                         + ("every comparison" if f["members"] == "all"
-                            else f"{len(f['members'])} declared comparisons")
-                         + (f", {unmeasured[f['name']]} of them not measured yet and counted as p = 1"
-                            if unmeasured.get(f["name"]) else "")
+    families = "; ".join(f"{f['name']}: {f['correction']} over {_family_size(f, plan)}"
                          for f in plan.get("families", []))
     how = ("Each cell is the paired difference (method minus the reference; for perplexity and held-out loss, lower is "
            "better) with its 95% interval and p-value. The items' variance is the paired bootstrap's, in closed form; "
