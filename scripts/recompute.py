@@ -159,12 +159,12 @@ def recomputed(out: Path, report: dict, rule: str) -> list[dict]:
         paired = "base" not in (entry["method"], entry["reference"]) and sorted(seeds[entry["method"]]) == \
             sorted(seeds[entry["reference"]]) and len(seeds[entry["method"]]) > 1
         mine.append({**compare(a, b, metric, paired, rule), "higher": entry["higher_is_better"], "family": None})
+    measured = {(e["method"], e["reference"], e["metric"]) for e in report["paired"]}
     for family in plan["families"]:
         wanted = None if family["members"] == "all" else {(x["method"], x["reference"], x["metric"])
                                                           for x in family["members"]}
         idx = [i for i, e in enumerate(report["paired"])
                if wanted is None or (e["method"], e["reference"], e["metric"]) in wanted]
-        measured = {(e["method"], e["reference"], e["metric"]) for e in report["paired"]}
         missing = [1.0] * len(committed_to(plan, family) - measured)  # declared, runs still to come
         adjusted = (holm if family["correction"] == "holm" else bh)([mine[i]["p"] for i in idx] + missing)
         for i, q in zip(idx, adjusted):
