@@ -111,7 +111,7 @@ def test_a_declared_member_still_to_come_counts_as_p_one_so_no_interim_call_is_w
     """A plan file declares three claims among its comparisons (and one outside them); with one not measured yet,
     Holm corrects over all three (the missing one as p = 1) and the report says so. Once it arrives no adjusted p
     rises, whatever its p, and the call stands."""
-    from preproj.analysis.pairing import declared_members, describe_entry
+    from preproj.analysis.pairing import declared_members, describe_entry, family_sizes
     from preproj.analysis.report import paired_paragraph
 
     paired = [planted("preproj+skip", "base", "lambada", +0.025, n=3000, seed=k) for k in range(8)]
@@ -128,18 +128,18 @@ def test_a_declared_member_still_to_come_counts_as_p_one_so_no_interim_call_is_w
     assert declared_members(declared) == {"claims": {(m["method"], m["reference"], m["metric"]) for m in members}}
 
     interim = [dict(e) for e in entries[:2]]
-    correct(interim, declared, declared_members(declared))
-    assert declared["measured"] == {"claims": {"declared": 3, "unmeasured": 1}}
+    correct(interim, declared)
+    assert family_sizes(declared, interim) == {"claims": (3, 1)}
     assert [e["adjusted"]["claims"] for e in interim] == pytest.approx([3 * pick["p"], 2 * 2 * pick["p"]])
     text = paired_paragraph({"paired": [{**e, "text": describe_entry(e)} for e in interim], "plan": declared})
     assert "3 declared comparisons, 1 of them not measured yet and counted as p = 1" in text
     for p_last in (1e-6, 0.5, 1.0):  # the last one arrives, at any p
         final = [dict(e) for e in entries[:2]] + [{**entries[2], "p": p_last}]
-        correct(final, declared, declared_members(declared))
-        assert declared["measured"] == {"claims": {"declared": 3, "unmeasured": 0}}
+        correct(final, declared)
+        assert family_sizes(declared, final) == {"claims": (3, 0)}
         assert all(f["adjusted"]["claims"] <= i["adjusted"]["claims"] for f, i in zip(final, interim))
 
     undeclared = {**declared, "file": None}  # a default plan commits to nothing not yet measured
     interim = [dict(e) for e in entries[:2]]
-    correct(interim, undeclared, declared_members(undeclared))
+    correct(interim, undeclared)
     assert [e["adjusted"]["claims"] for e in interim] == pytest.approx([2 * pick["p"], 2 * pick["p"]])

@@ -126,7 +126,7 @@ def test_recompute_agrees_with_compare_from_the_item_files_alone_and_catches_a_c
 def test_recompute_corrects_a_declared_family_for_its_members_still_to_come(tmp_path, capsys):
     """A plan file declares a claim and a metric nothing has measured yet (HellaSwag): both corrections count them as
     p = 1, and recompute.py, reading the same plan, agrees; a report that dropped them would not."""
-    from preproj.analysis.pairing import analysis_plan
+    from preproj.analysis.pairing import analysis_plan, family_sizes
 
     plan = analysis_plan(tmp_path, ["base", "skip", "lora"], "harness")
     plan["metrics"] = ["lambada.acc", "hellaswag.acc_norm", "wikitext.word_perplexity", "wikitext_file.word_perplexity"]
@@ -135,8 +135,9 @@ def test_recompute_corrects_a_declared_family_for_its_members_still_to_come(tmp_
     (tmp_path / "analysis_plan.json").write_text(json.dumps(plan))
     _study_fixture(tmp_path)
     report = json.loads((tmp_path / "results.json").read_text())
-    assert report["plan"]["measured"] == {"claims": {"declared": 4, "unmeasured": 1},  # skip - base on hellaswag
-                                          "all": {"declared": 12, "unmeasured": 3}}   # every pair on hellaswag
+    assert report["plan"]["families"] == plan["families"] and "measured" not in report["plan"]  # as declared
+    assert family_sizes(report["plan"], report["paired"]) == {"claims": (4, 1),  # skip - base on hellaswag
+                                                              "all": (12, 3)}    # every pair on hellaswag
     recompute = _load("recompute")
     assert recompute.main([str(tmp_path)]) == 0 and "all agree" in capsys.readouterr().out
     report["plan"].pop("file")  # the same numbers read as a default plan: nothing declared is still to come

@@ -110,9 +110,8 @@ def paired_comparisons(runs: list[dict], methods: list[str], protocol: str, out:
             for p in paired_between(a, b, protocol, seed_paired, r):
                 if not plan.get("metrics") or p.metric in plan["metrics"]:
                     entries.append({"method": method, "reference": reference, **p.to_dict(), "raw_verdict": p.verdict})
-    declared = declared_members(plan)
-    correct(found, plan, declared)
-    correct(twin, plan, declared)
+    correct(found, plan)
+    correct(twin, plan)
     for entry, other in zip(found, twin, strict=True):
         entry["fragile"] = entry["verdict"] != other["verdict"]
         entry["text"] = describe_entry(entry)
@@ -136,16 +135,22 @@ def declared_members(plan: dict) -> dict[str, set[tuple[str, str, str]]]:
     return declared
 
 
-def correct(found: list[dict], plan: dict, declared: dict[str, set] | None = None) -> None:
+def family_sizes(plan: dict, entries: list[dict]) -> dict[str, tuple[int, int]]:
+    """family -> (members a plan declared in a file commits it to, how many of them `entries` has not measured yet)."""
+    measured = {(e["method"], e["reference"], e["metric"]) for e in entries}
+    return {name: (len(members), len(members - measured)) for name, members in declared_members(plan).items()}
+
+
+def correct(found: list[dict], plan: dict) -> None:
     """Adjusted p-values per family (Holm or Benjamini-Hochberg), and each entry's verdict from its adjusted p: a claim
     follows its Holm family, every other entry Benjamini-Hochberg over all comparisons.
 
     A declared member not measured yet (its runs are still to come) keeps its place in the family as p = 1, so an
     interim report corrects for the whole declared family: both corrections only lower an adjusted p when a p falls,
-    so no call an interim report makes is withdrawn when the rest arrive. Each declared family's size and how many of
-    it are measured go into the plan as `measured` (declared_members gives `declared`)."""
+    so no call an interim report makes is withdrawn when the rest arrive."""
     alpha = plan.get("alpha", 0.05)
     adjust = {"holm": holm, "benjamini-hochberg": benjamini_hochberg}
+    sizes = family_sizes(plan, found)
     for family in plan["families"]:
         if family["correction"] not in adjust:
             raise ValueError(f"{plan.get('file', 'the analysis plan')}: family {family['name']!r} has correction "
@@ -153,12 +158,7 @@ def correct(found: list[dict], plan: dict, declared: dict[str, set] | None = Non
         wanted = None if family["members"] == "all" else {(x["method"], x["reference"], x["metric"])
                                                           for x in family["members"]}
         members = [e for e in found if wanted is None or (e["method"], e["reference"], e["metric"]) in wanted]
-        unmeasured = 0
-        if declared and family["name"] in declared:
-            commitment = declared[family["name"]]
-            unmeasured = len(commitment - {(e["method"], e["reference"], e["metric"]) for e in members})
-            plan.setdefault("measured", {})[family["name"]] = {"declared": len(commitment),
-                                                               "unmeasured": unmeasured}
+        unmeasured = sizes.get(family["name"], (0, 0))[1]
         p_values = [e["p"] for e in members] + [1.0] * unmeasured
         for entry, q in zip(members, adjust[family["correction"]](p_values)):
             entry.setdefault("adjusted", {})[family["name"]] = q

@@ -8,7 +8,7 @@ import json
 import numpy as np
 
 from ..evaluation.tasks import Metric, columns
-from .pairing import column_names, digits, other_convention
+from .pairing import column_names, digits, family_sizes, other_convention
 from .paper import PAPER_COLUMNS, PAPER_TABLE, claims_table
 from .stats import RULE
 
@@ -124,21 +124,22 @@ def _sweep_section(sweep: dict | None) -> list[str]:
     return lines
 
 
-def _family_size(family: dict, plan: dict) -> str:
+def _family_size(family: dict, plan: dict, paired: list[dict]) -> str:
     """'19 declared comparisons, 3 of them not measured yet and counted as p = 1', or what the plan leaves open."""
-    measured = plan.get("measured", {}).get(family["name"])
-    if measured is None:
+    size = family_sizes(plan, paired).get(family["name"])
+    if size is None:
         return "every comparison" if family["members"] == "all" else f"{len(family['members'])} declared comparisons"
-    size = f"{measured['declared']} declared comparisons"
-    if measured["unmeasured"]:
-        size += f", {measured['unmeasured']} of them not measured yet and counted as p = 1"
-    return size
+    declared, unmeasured = size
+    text = f"{declared} declared comparisons"
+    if unmeasured:
+        text += f", {unmeasured} of them not measured yet and counted as p = 1"
+    return text
 
 
 def paired_paragraph(report: dict) -> str:
     """How to read the table, then what it says, written from the adjusted verdicts."""
     paired, plan = report["paired"], report.get("plan") or {}
-    families = "; ".join(f"{f['name']}: {f['correction']} over {_family_size(f, plan)}"
+    families = "; ".join(f"{f['name']}: {f['correction']} over {_family_size(f, plan, paired)}"
                          for f in plan.get("families", []))
     how = ("Each cell is the paired difference (method minus the reference; for perplexity and held-out loss, lower is "
            "better) with its 95% interval and p-value. The items' variance is the paired bootstrap's, in closed form; "
