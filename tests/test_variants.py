@@ -73,7 +73,7 @@ def test_activation_checkpointing_gives_the_same_gradients(base):
         torch.manual_seed(1)
         model = attach(copy.deepcopy(base), PreProjConfig(mode=VARIANTS[-1])).train().requires_grad_(True)
         if checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         model(input_ids=x, labels=x, use_cache=False).loss.backward()
         grads.append({n: p.grad for n, p in model.named_parameters()})
     assert grads[0].keys() == grads[1].keys() and all(torch.equal(grads[0][k], grads[1][k]) for k in grads[0])
