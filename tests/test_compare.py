@@ -231,6 +231,14 @@ def test_learning_rates_are_swept_per_method_and_seeds_go_where_asked(tmp_path, 
     finalists = json.loads((out / "sweep" / "sweep.json").read_text())["finalists"]["skip"]
     assert all(len(losses) == 2 for losses in finalists.values()) and len(finalists) == 2
     assert (out / "sweep" / "skip-lr0.0001-seed43" / "summary.json").is_file()
+    # A finished run moved to the arm of its rate, as compare's refusal to reuse it at another rate says to, keeps its
+    # comparisons: its item files are read where it is now, not where it was written.
+    (out / "skip@1e-3-seed42").rename(out / "skip@0.001-seed42")
+    moved = run_compare(replace(args, methods="base,skip,skip@0.001", sweep_seeds=2, seeds=1, report_only=True),
+                        progress=False)
+    effects = {m: {p["metric"]: p["effect"] for p in result["paired"] if p["method"] == m and p["reference"] == "base"}
+               for m, result in (("skip@1e-3", both), ("skip@0.001", moved))}
+    assert effects["skip@1e-3"] and effects["skip@0.001"] == effects["skip@1e-3"]
     with pytest.raises(ValueError, match="METHOD@LR"):
         run_compare(replace(args, methods="base,skip@fast"), progress=False)
 

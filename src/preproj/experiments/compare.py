@@ -182,7 +182,7 @@ def _finished_run(run_dir: Path, arm: str, method: str, seed: int, lr: float | N
         keep_as = run_dir.parent / f"{method}@{trained_at:g}-seed{seed}"
         raise ValueError(f"{run_dir} was trained at lr {trained_at:g} but {arm} now trains at {lr:g} (the "
                          f"sweep's choice changed): rename it to {keep_as} to keep it as that arm, then run again.")
-    run["method"] = arm
+    run["method"], run["run_dir"] = arm, run_dir.name  # where it is now: a run may be moved to keep it as an arm
     logger.info(f"[compare] {arm} seed {seed}: already done, reusing {run_dir / 'result.json'}")
     return run
 
