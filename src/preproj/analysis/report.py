@@ -124,9 +124,9 @@ def _sweep_section(sweep: dict | None) -> list[str]:
     return lines
 
 
-def _family_size(family: dict, plan: dict, paired: list[dict]) -> str:
-    """'19 declared comparisons, 3 of them not measured yet and counted as p = 1', or what the plan leaves open."""
-    size = family_sizes(plan, paired).get(family["name"])
+def _family_size(family: dict, size: tuple[int, int] | None) -> str:
+    """'19 declared comparisons, 3 of them not measured yet and counted as p = 1' (size: pairing.family_sizes), or
+    what the plan leaves open."""
     if size is None:
         return "every comparison" if family["members"] == "all" else f"{len(family['members'])} declared comparisons"
     declared, unmeasured = size
@@ -139,7 +139,8 @@ def _family_size(family: dict, plan: dict, paired: list[dict]) -> str:
 def paired_paragraph(report: dict) -> str:
     """How to read the table, then what it says, written from the adjusted verdicts."""
     paired, plan = report["paired"], report.get("plan") or {}
-    families = "; ".join(f"{f['name']}: {f['correction']} over {_family_size(f, plan, paired)}"
+    sizes = family_sizes(plan, paired)
+    families = "; ".join(f"{f['name']}: {f['correction']} over {_family_size(f, sizes.get(f['name']))}"
                          for f in plan.get("families", []))
     how = ("Each cell is the paired difference (method minus the reference; for perplexity and held-out loss, lower is "
            "better) with its 95% interval and p-value. The items' variance is the paired bootstrap's, in closed form; "
