@@ -280,6 +280,7 @@ def test_paired_paragraph_says_which_calls_survive_the_correction():
     assert "2 of them only because of it" in text and "m3 vs base on lambada.acc; m4 vs base" in text
     text = paired_paragraph({"seeds": 1, "paired": rows[5:10], "plan": plan})
     assert "any of the 5 comparisons" in text and "conditional on it" in text
+    assert "The other" not in paired_paragraph({"seeds": 3, "paired": rows[:3], "plan": plan})
 
 
 def test_paired_under_the_paper_protocol_scores_wikitext_by_the_papers_perplexity(tmp_path):

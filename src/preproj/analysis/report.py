@@ -161,11 +161,13 @@ def paired_paragraph(report: dict) -> str:
         said = " Detectable after correction: " + "; ".join(
             f"{p['method']} vs {p['reference']} on {p['metric']}: {p['verdict']} ({p['text'].split(' p ')[0]}"
             + (", fragile" if p.get("fragile") else "") + ")" for p in called) + "."
-        said += f" The other {len(paired) - len(called)} comparisons show no detectable difference after correction"
-        raw = [p for p in paired
-               if p.get("raw_verdict", p["verdict"]) != "no detectable difference" and p not in called]
-        said += (f", {len(raw)} of them only because of it (raw interval excludes zero: "
-                 + "; ".join(f"{p['method']} vs {p['reference']} on {p['metric']}" for p in raw) + ")." if raw else ".")
+        rest = [p for p in paired if p not in called]
+        raw = [p for p in rest if p.get("raw_verdict", p["verdict"]) != "no detectable difference"]
+        if rest:
+            said += f" The other {len(rest)} comparisons show no detectable difference after correction"
+            said += (f", {len(raw)} of them only because of it (raw interval excludes zero: "
+                     + "; ".join(f"{p['method']} vs {p['reference']} on {p['metric']}" for p in raw) + ")."
+                     if raw else ".")
     return how + said
 
 
