@@ -191,6 +191,38 @@ def replication_tables(out: Path) -> str:
     return text
 
 
+SWEEP_POINT = re.compile(r"(?P<method>.+)-lr(?P<lr>[0-9.e+-]+?)(?:-seed(?P<seed>\d+))?")
+
+
+def sweep_table(out: Path) -> str:
+    """A compare directory's learning-rate sweep from its finished points (sweep/METHOD-lrLR[-seedN]/summary.json):
+    the held-out loss per method and rate, seed 42 first and further seeds in brackets, and the rate chosen once
+    sweep.json has it; a point not finished shows as –, so the table is current while the sweep runs."""
+    points: dict[str, dict[float, dict[int, float]]] = {}
+    for summary in sorted((out / "sweep").glob("*/summary.json")):
+        name = SWEEP_POINT.fullmatch(summary.parent.name)
+        seed = int(name["seed"] or 42)
+        loss = json.loads(summary.read_text())["final_heldout_loss"]
+        points.setdefault(name["method"], {}).setdefault(float(name["lr"]), {})[seed] = loss
+    if not points:
+        return "No sweep point has finished yet."
+    done = out / "sweep" / "sweep.json"
+    chosen = json.loads(done.read_text())["chosen"] if done.is_file() else {}
+    rates = sorted({lr for by_lr in points.values() for lr in by_lr})
+
+    def cell(by_seed: dict[int, float] | None) -> str:
+        if not by_seed:
+            return "–"
+        later = [f"{by_seed[s]:.4f}" for s in sorted(by_seed) if s != 42]
+        return (f"{by_seed[42]:.4f}" if 42 in by_seed else "–") + (f" ({', '.join(later)})" if later else "")
+
+    lines = ["| method | " + " | ".join(f"{lr:g}" for lr in rates) + " | chosen |", "|---" * (len(rates) + 2) + "|"]
+    for method in list(chosen) + sorted(set(points) - set(chosen)):
+        rate = f"{chosen[method]:g}" if method in chosen else "–"
+        lines.append(f"| {method} | " + " | ".join(cell(points[method].get(lr)) for lr in rates) + f" | {rate} |")
+    return "\n".join(lines)
+
+
 def bench_table(bench: Path, starts: str) -> str:
     """One table of the benchmark's own rendering (benchmarks/run.format_table) of its committed JSON: the one whose
     header row starts with `starts`."""
@@ -222,6 +254,7 @@ BLOCKS = {  # page -> {block name: what writes it}
     "docs/results/gemma3.md": {
         "gemma3-baseline": lambda: baseline_table({"Gemma 3 270M": ROOT / "results" / "gemma3-cpu" / "base-seed42",
                                                    "SmolLM2-135M": ROOT / "results" / "study-cpu" / "base-seed42"}),
+        "gemma3-sweep": lambda: sweep_table(ROOT / "results" / "gemma3-cpu"),
         "gemma3-tables": lambda: replication_tables(ROOT / "results" / "gemma3-cpu")},
     "docs/results/benchmarks.md": {name: (lambda starts=starts: bench_table(BENCH, starts)) for name, starts in (
         ("bench-train", "| method | precision"), ("bench-generate", "| dtype"), ("bench-eval", "| task | items"),

@@ -4,6 +4,7 @@ results give, and README stays a front door."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -91,3 +92,21 @@ def test_readme_links_point_at_files_that_exist():
     targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README.read_text())
     missing = [t for t in targets if not t.startswith("http") and not (ROOT / t).exists()]
     assert not missing, f"README links to files that do not exist: {missing}"
+
+
+def test_a_sweep_table_is_current_while_the_sweep_runs(tmp_path):
+    def point(name: str, loss: float) -> None:
+        (tmp_path / "sweep" / name).mkdir(parents=True)
+        (tmp_path / "sweep" / name / "summary.json").write_text(json.dumps({"final_heldout_loss": loss}))
+
+    point("preproj+skip-lr1e-05", 2.98)
+    point("preproj+skip-lr1e-05-seed43", 2.97)
+    point("preproj+skip-lr0.0001", 3.05)
+    point("lora-lr0.0001", 2.92)
+    (tmp_path / "sweep" / "lora-lr1e-05").mkdir()  # running: no summary yet
+    rows = _results_tables().sweep_table(tmp_path).splitlines()
+    assert rows[0] == "| method | 1e-05 | 0.0001 | chosen |"
+    assert rows[2:] == ["| lora | – | 2.9200 | – |", "| preproj+skip | 2.9800 (2.9700) | 3.0500 | – |"]
+    (tmp_path / "sweep" / "sweep.json").write_text(json.dumps({"chosen": {"preproj+skip": 1e-5, "lora": 1e-4}}))
+    rows = _results_tables().sweep_table(tmp_path).splitlines()
+    assert rows[2] == "| preproj+skip | 2.9800 (2.9700) | 3.0500 | 1e-05 |"  # the chosen rates' order
