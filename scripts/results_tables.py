@@ -14,6 +14,8 @@ import re
 import sys
 from pathlib import Path
 
+from preproj.analysis.stats import p_text
+
 COLUMNS = [("lambada.acc", "LAMBADA acc"), ("hellaswag.acc_norm", "HellaSwag acc_norm"), ("arc_easy.acc", "ARC-E acc"),
            ("wikitext.word_perplexity", "WikiText-2 test word PPL"),
            ("wikitext.heldout_loss", "held-out loss (nats/token)"),
@@ -37,7 +39,7 @@ def _adjusted(entry: dict) -> float:
 
 
 def _cell(entry: dict) -> str:
-    text = (f"{_interval(entry)}, p {entry['p']:.2g} (adj. {_adjusted(entry):.2g}): "
+    text = (f"{_interval(entry)}, p {p_text(entry['p'])} (adj. {p_text(_adjusted(entry))}): "
             f"{SHORT.get(entry['verdict'], entry['verdict'])}")
     if entry["verdict"] == "no detectable difference":
         text += f" (±{entry['mde']:.{_digits(entry['metric'])}f})"
@@ -59,8 +61,8 @@ def paired_table(report: dict) -> str:
 def claims_table(report: dict) -> str:
     lines = ["| claim | family | effect [95% interval] | p (Holm) | verdict |", "|---|---|---|---|---|"]
     for c in report.get("claims", []):
-        lines.append(f"| {c['claim']} | {c['family']} | {c['metric']} {_interval(c)} | {c['p']:.2g} "
-                     f"({c['p_adjusted']:.2g}) | {c['verdict']}" + (", fragile" if c.get("fragile") else "") + " |")
+        lines.append(f"| {c['claim']} | {c['family']} | {c['metric']} {_interval(c)} | {p_text(c['p'])} "
+                     f"({p_text(c['p_adjusted'])}) | {c['verdict']}" + (", fragile" if c.get("fragile") else "") + " |")
     return "\n".join(lines)
 
 
@@ -82,7 +84,7 @@ def headline(study: Path) -> str:
             continue
         e = found[key]
         lines.append(f"| {key[0]} − {key[1]} | {e['metric']} | {e['seeds'][1]} v {e['seeds'][0]} | {_interval(e)} | "
-                     f"{_adjusted(e):.2g} | {e['verdict']}" + (", fragile" if e.get("fragile") else "") + " |")
+                     f"{p_text(_adjusted(e))} | {e['verdict']}" + (", fragile" if e.get("fragile") else "") + " |")
     return "\n".join(lines)
 
 

@@ -14,6 +14,7 @@ from preproj.analysis.stats import (
     benjamini_hochberg,
     describe,
     holm,
+    p_text,
     paired_bootstrap,
     paired_difference,
     paired_t,
@@ -223,3 +224,9 @@ def test_an_undefined_p_value_rejects_nothing_and_still_counts_in_its_family():
     assert holm([0.01, nan])[0] == pytest.approx(0.02) and math.isnan(holm([0.01, nan])[1])
     bh = benjamini_hochberg([0.01, nan, 0.04])
     assert bh[0] == pytest.approx(0.03) and math.isnan(bh[1]) and bh[2] == pytest.approx(0.06)
+
+
+@pytest.mark.parametrize("p, text", [(0.04988, "0.0499"), (0.0499996, "0.0499996"), (0.0011, "0.0011"), (0.3, "0.3"),
+                                     (0.05004, "0.05"), (0.051, "0.051")])
+def test_a_p_value_is_never_written_on_the_other_side_of_alpha(p, text):
+    assert p_text(p) == text

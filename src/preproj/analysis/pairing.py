@@ -12,7 +12,7 @@ import numpy as np
 from ..evaluation import read_items
 from ..evaluation.tasks import TASK_TABLE, columns, paired_metrics
 from .paper import CLAIMS, claim_pairs
-from .stats import RULE, RULES, STATISTICS, Paired, benjamini_hochberg, holm, paired_difference
+from .stats import RULE, RULES, STATISTICS, Paired, benjamini_hochberg, holm, p_text, paired_difference
 
 
 def column_names(protocol: str) -> dict[str, str]:
@@ -176,9 +176,9 @@ def describe_entry(entry: dict) -> str:
     q = entry.get("adjusted", {}).get(entry.get("decided_by"))
     if not math.isfinite(entry["p"]):  # one item, or no variation at all: nothing to test
         return f"{f.format(entry['effect'])}: no interval ({entry.get('items', '?')} item(s), no variation to test)"
-    text = f"{f.format(entry['effect'])} [{f.format(entry['low'])}, {f.format(entry['high'])}] p {entry['p']:.2g}"
+    text = f"{f.format(entry['effect'])} [{f.format(entry['low'])}, {f.format(entry['high'])}] p {p_text(entry['p'])}"
     if q is not None:
-        text += f", adj. {q:.2g}"
+        text += f", adj. {p_text(q)}"
     text += f": {entry['verdict']}"
     if entry["verdict"] == "no detectable difference":
         text += f" (would detect ±{entry['mde']:.{d}f})"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .stats import t_interval
+from .stats import p_text, t_interval
 
 # Table 2: (trainable params, LAMBADA, HellaSwag, ARC-E, PPL) per method; PAPER_COLUMNS names the tasks of the four
 # metric columns
@@ -138,7 +138,7 @@ def claims_table(checked: list[dict], depth: dict | None, digits) -> list[str]:
         ours = f"{c['metric']} {c['effect']:+.{d}f} [{c['low']:+.{d}f}, {c['high']:+.{d}f}]"
         verdict = c["verdict"] + (f" (would detect ±{c['mde']:.{d}f})" if c["verdict"].startswith("not") else "")
         verdict += ", fragile" if c.get("fragile") else ""
-        adjusted = "–" if c.get("p") is None else f"{c['p']:.2g} ({c['p_adjusted']:.2g})"
+        adjusted = "–" if c.get("p") is None else f"{p_text(c['p'])} ({p_text(c['p_adjusted'])})"
         lines.append(f"| {c['claim']} | {c['paper']} | {ours} | {c['seeds'][1]} v {c['seeds'][0]}, "
                      f"{c.get('test') or '–'} | {adjusted} | {verdict} |")
     if depth:

@@ -332,6 +332,16 @@ def benjamini_hochberg(p_values: list[float]) -> list[float]:
     return [float(x) for x in false_discovery_control(p_values)] if p_values else []
 
 
+def p_text(p: float, alpha: float = 0.05) -> str:
+    """A p-value in two significant digits, or as many more as it takes to keep it on its side of alpha: 0.0499 is
+    not written as 0.05, which would read as not significant beside the verdict it gave."""
+    for digits in range(2, 7):
+        text = f"{p:.{digits}g}"
+        if (float(text) < alpha) == (p < alpha):
+            return text
+    return text
+
+
 def describe(p: Paired, digits: int = 3) -> str:
     """'+0.012 [-0.004, +0.028]: no detectable difference (would detect ±0.022)'."""
     f = f"{{:+.{digits}f}}"
