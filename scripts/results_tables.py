@@ -203,6 +203,8 @@ def sweep_table(out: Path) -> str:
     points: dict[str, dict[float, dict[int, float]]] = {}
     for summary in sorted((out / "sweep").glob("*/summary.json")):
         name = SWEEP_POINT.fullmatch(summary.parent.name)
+        if name is None:  # not a point the sweep wrote
+            continue
         seed = int(name["seed"] or 42)
         loss = json.loads(summary.read_text())["final_heldout_loss"]
         points.setdefault(name["method"], {}).setdefault(float(name["lr"]), {})[seed] = loss
