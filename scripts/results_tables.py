@@ -193,21 +193,16 @@ def replication_tables(out: Path) -> str:
     return text
 
 
-SWEEP_POINT = re.compile(r"(?P<method>.+)-lr(?P<lr>[0-9.e+-]+?)(?:-seed(?P<seed>\d+))?")
-
-
 def sweep_table(out: Path) -> str:
-    """A compare directory's learning-rate sweep from its finished points (sweep/METHOD-lrLR[-seedN]/summary.json):
-    the held-out loss per method and rate, seed 42 first and further seeds in brackets, and the rate chosen once
-    sweep.json has it; a point not finished shows as –, so the table is current while the sweep runs."""
+    """A compare directory's learning-rate sweep from its finished points (sweep/*/summary.json, each beside the
+    train_config.json that names its method, rate and seed): the held-out loss per method and rate, seed 42 first and
+    further seeds in brackets, and the rate chosen once sweep.json has it; a point not finished shows as –, so the
+    table is current while the sweep runs."""
     points: dict[str, dict[float, dict[int, float]]] = {}
     for summary in sorted((out / "sweep").glob("*/summary.json")):
-        name = SWEEP_POINT.fullmatch(summary.parent.name)
-        if name is None:  # not a point the sweep wrote
-            continue
-        seed = int(name["seed"] or 42)
+        config = json.loads((summary.parent / "train_config.json").read_text())
         loss = json.loads(summary.read_text())["final_heldout_loss"]
-        points.setdefault(name["method"], {}).setdefault(float(name["lr"]), {})[seed] = loss
+        points.setdefault(config["method"], {}).setdefault(config["lr"], {})[config["seed"]] = loss
     if not points:
         return "No sweep point has finished yet."
     done = out / "sweep" / "sweep.json"

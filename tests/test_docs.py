@@ -95,15 +95,18 @@ def test_readme_links_point_at_files_that_exist():
 
 
 def test_a_sweep_table_is_current_while_the_sweep_runs(tmp_path):
-    def point(name: str, loss: float) -> None:
+    def point(name: str, method: str, lr: float, seed: int, loss: float | None) -> None:
         (tmp_path / "sweep" / name).mkdir(parents=True)
-        (tmp_path / "sweep" / name / "summary.json").write_text(json.dumps({"final_heldout_loss": loss}))
+        (tmp_path / "sweep" / name / "train_config.json").write_text(json.dumps({"method": method, "lr": lr,
+                                                                                 "seed": seed}))
+        if loss is not None:  # None: running, no summary yet
+            (tmp_path / "sweep" / name / "summary.json").write_text(json.dumps({"final_heldout_loss": loss}))
 
-    point("preproj+skip-lr1e-05", 2.98)
-    point("preproj+skip-lr1e-05-seed43", 2.97)
-    point("preproj+skip-lr0.0001", 3.05)
-    point("lora-lr0.0001", 2.92)
-    (tmp_path / "sweep" / "lora-lr1e-05").mkdir()  # running: no summary yet
+    point("preproj+skip-lr1e-05", "preproj+skip", 1e-5, 42, 2.98)
+    point("preproj+skip-lr1e-05-seed43", "preproj+skip", 1e-5, 43, 2.97)
+    point("preproj+skip-lr0.0001", "preproj+skip", 1e-4, 42, 3.05)
+    point("lora-lr0.0001", "lora", 1e-4, 42, 2.92)
+    point("lora-lr1e-05", "lora", 1e-5, 42, None)
     rows = _results_tables().sweep_table(tmp_path).splitlines()
     assert rows[0] == "| method | 1e-05 | 0.0001 | chosen |"
     assert rows[2:] == ["| lora | – | 2.9200 | – |", "| preproj+skip | 2.9800 (2.9700) | 3.0500 | – |"]
