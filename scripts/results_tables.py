@@ -38,12 +38,17 @@ def _adjusted(entry: dict) -> float:
     return entry.get("adjusted", {}).get(entry.get("decided_by"), entry["p"])
 
 
-def _cell(entry: dict) -> str:
-    text = (f"{_interval(entry)}, p {p_text(entry['p'])} (adj. {p_text(_adjusted(entry))}): "
+def _cell(entry: dict, alpha: float) -> str:
+    text = (f"{_interval(entry)}, p {p_text(entry['p'], alpha)} (adj. {p_text(_adjusted(entry), alpha)}): "
             f"{SHORT.get(entry['verdict'], entry['verdict'])}")
     if entry["verdict"] == "no detectable difference":
         text += f" (±{entry['mde']:.{_digits(entry['metric'])}f})"
     return text + (", fragile" if entry.get("fragile") else "")
+
+
+def _alpha(report: dict) -> float:
+    """The alpha the study's plan declared: each p-value is written on its side of it."""
+    return (report.get("plan") or {}).get("alpha", 0.05)
 
 
 def paired_table(report: dict) -> str:
@@ -54,15 +59,17 @@ def paired_table(report: dict) -> str:
         mine = {e["metric"]: e for e in report["paired"] if (e["method"], e["reference"]) == key}
         first = next(iter(mine.values()))
         lines.append(f"| {key[0]} − {key[1]} | {first['seeds'][1]} v {first['seeds'][0]}, {first['test']} | "
-                     + " | ".join(_cell(mine[m]) if m in mine else "–" for m, _ in columns) + " |")
+                     + " | ".join(_cell(mine[m], _alpha(report)) if m in mine else "–" for m, _ in columns) + " |")
     return "\n".join(lines)
 
 
 def claims_table(report: dict) -> str:
+    alpha = _alpha(report)
     lines = ["| claim | family | effect [95% interval] | p (Holm) | verdict |", "|---|---|---|---|---|"]
     for c in report.get("claims", []):
-        lines.append(f"| {c['claim']} | {c['family']} | {c['metric']} {_interval(c)} | {p_text(c['p'])} "
-                     f"({p_text(c['p_adjusted'])}) | {c['verdict']}" + (", fragile" if c.get("fragile") else "") + " |")
+        lines.append(f"| {c['claim']} | {c['family']} | {c['metric']} {_interval(c)} | {p_text(c['p'], alpha)} "
+                     f"({p_text(c['p_adjusted'], alpha)}) | {c['verdict']}" + (", fragile" if c.get("fragile") else "")
+                     + " |")
     return "\n".join(lines)
 
 
@@ -84,7 +91,8 @@ def headline(study: Path) -> str:
             continue
         e = found[key]
         lines.append(f"| {key[0]} − {key[1]} | {e['metric']} | {e['seeds'][1]} v {e['seeds'][0]} | {_interval(e)} | "
-                     f"{p_text(_adjusted(e))} | {e['verdict']}" + (", fragile" if e.get("fragile") else "") + " |")
+                     f"{p_text(_adjusted(e), _alpha(report))} | {e['verdict']}"
+                     + (", fragile" if e.get("fragile") else "") + " |")
     return "\n".join(lines)
 
 

@@ -107,6 +107,30 @@ def test_a_claim_follows_holm_within_its_family_and_a_plan_file_changes_the_fami
         checked_claims([dict(e) for e in entries], plan=plan)
 
 
+def test_a_plan_declaring_another_alpha_gets_its_verdicts_text_and_prose_at_that_alpha():
+    """A raw p just under 0.01 that rounds to 0.01 in two digits: under a plan declaring alpha 0.01 it is a claim
+    confirmed, and the cell, the claims table and the report's prose all write it and the threshold on its side of
+    0.01, not of 0.05."""
+    from preproj.analysis.pairing import describe_entry
+    from preproj.analysis.report import paired_paragraph, render_report
+
+    pick = planted("preproj+skip", "base", "lambada", +0.025, n=3000)
+    entry = {**pick, "p": 0.00996}
+    member = {k: entry[k] for k in ("method", "reference", "metric")}
+    plan = {"alpha": 0.01, "comparisons": [{"method": "preproj+skip", "reference": "base"}],
+            "families": [{"name": "claims", "correction": "holm", "members": [member]}]}
+    claims = checked_claims([entry], plan=plan)
+    assert [c["verdict"] for c in claims] == ["confirmed"]
+    assert "p 0.00996, adj. 0.00996: better" in describe_entry(entry, 0.01)
+    assert "p 0.01, adj. 0.01: better" in describe_entry(entry)  # at 0.05, two digits keep it on its side
+    assert "| 0.00996 (0.00996) | confirmed" in "\n".join(claims_table(claims, None, digits, 0.01))
+    assert "adjusted p is below 0.01;" in paired_paragraph({"paired": [{**entry, "text": ""}], "plan": plan})
+    report = {"model": "m", "preset": "quick", "protocol": "harness", "eval_limits": {}, "train": {}, "seeds": 1,
+              "methods": {}, "paired": [{**entry, "text": describe_entry(entry, 0.01), "seeds": [1, 1],
+                                         "test": "item-and-seed"}], "claims": claims, "plan": plan}
+    assert "confirmed when the adjusted p is below 0.01 and" in render_report(report)
+
+
 def test_a_declared_member_still_to_come_counts_as_p_one_so_no_interim_call_is_withdrawn(tmp_path):
     """A plan file declares three claims among its comparisons (and one outside them); with one not measured yet,
     Holm corrects over all three (the missing one as p = 1) and the report says so. Once it arrives no adjusted p

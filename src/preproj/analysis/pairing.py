@@ -114,7 +114,7 @@ def paired_comparisons(runs: list[dict], methods: list[str], protocol: str, out:
     correct(twin, plan)
     for entry, other in zip(found, twin, strict=True):
         entry["fragile"] = entry["verdict"] != other["verdict"]
-        entry["text"] = describe_entry(entry)
+        entry["text"] = describe_entry(entry, plan.get("alpha", 0.05))
     return found
 
 
@@ -169,16 +169,18 @@ def correct(found: list[dict], plan: dict) -> None:
         entry["verdict"] = entry["raw_verdict"] if q < alpha else "no detectable difference"
 
 
-def describe_entry(entry: dict) -> str:
-    """'+0.021 [+0.003, +0.040] p 0.021, adj. 0.084 (all): no detectable difference (would detect ±0.030)'."""
+def describe_entry(entry: dict, alpha: float = 0.05) -> str:
+    """'+0.021 [+0.003, +0.040] p 0.021, adj. 0.084 (all): no detectable difference (would detect ±0.030)', its
+    p-values written on their side of the plan's alpha."""
     d = digits(entry["metric"])
     f = f"{{:+.{d}f}}"
     q = entry.get("adjusted", {}).get(entry.get("decided_by"))
     if not math.isfinite(entry["p"]):  # one item, or no variation at all: nothing to test
         return f"{f.format(entry['effect'])}: no interval ({entry.get('items', '?')} item(s), no variation to test)"
-    text = f"{f.format(entry['effect'])} [{f.format(entry['low'])}, {f.format(entry['high'])}] p {p_text(entry['p'])}"
+    text = (f"{f.format(entry['effect'])} [{f.format(entry['low'])}, {f.format(entry['high'])}] "
+            f"p {p_text(entry['p'], alpha)}")
     if q is not None:
-        text += f", adj. {p_text(q)}"
+        text += f", adj. {p_text(q, alpha)}"
     text += f": {entry['verdict']}"
     if entry["verdict"] == "no detectable difference":
         text += f" (would detect ±{entry['mde']:.{d}f})"

@@ -128,9 +128,9 @@ def check_depth(norms_by_seed: list[list[float]]) -> dict | None:
             "seeds": len(ratios), "verdict": verdict, "per_layer": np.mean(norms_by_seed, axis=0).tolist()}
 
 
-def claims_table(checked: list[dict], depth: dict | None, digits) -> list[str]:
+def claims_table(checked: list[dict], depth: dict | None, digits, alpha: float = 0.05) -> list[str]:
     """Markdown rows: claim, the paper's figures, ours as effect [95% interval], seeds and test, p raw and
-    Holm-adjusted within its family, verdict. digits(metric) -> int."""
+    Holm-adjusted within its family (written on their side of the plan's alpha), verdict. digits(metric) -> int."""
     lines = ["| the paper's claim | paper (Pythia-160M) | ours: effect [95% interval] | seeds, test "
              "| p (Holm-adjusted) | verdict |", "|---|---|---|---|---|---|"]
     for c in checked:
@@ -138,7 +138,7 @@ def claims_table(checked: list[dict], depth: dict | None, digits) -> list[str]:
         ours = f"{c['metric']} {c['effect']:+.{d}f} [{c['low']:+.{d}f}, {c['high']:+.{d}f}]"
         verdict = c["verdict"] + (f" (would detect ±{c['mde']:.{d}f})" if c["verdict"].startswith("not") else "")
         verdict += ", fragile" if c.get("fragile") else ""
-        adjusted = "–" if c.get("p") is None else f"{p_text(c['p'])} ({p_text(c['p_adjusted'])})"
+        adjusted = "–" if c.get("p") is None else f"{p_text(c['p'], alpha)} ({p_text(c['p_adjusted'], alpha)})"
         lines.append(f"| {c['claim']} | {c['paper']} | {ours} | {c['seeds'][1]} v {c['seeds'][0]}, "
                      f"{c.get('test') or '–'} | {adjusted} | {verdict} |")
     if depth:

@@ -90,13 +90,14 @@ def render_report(report: dict) -> str:
                          f"{mine[0].get('test', '–')} | "
                          + " | ".join(cells.get(m, "–") for m in metrics) + " |")
     if report.get("claims") or report.get("depth"):
+        alpha = (report.get("plan") or {}).get("alpha", 0.05)
         lines += ["", "## The paper's claims", "",
                   "Each claim is one method against one reference, checked by the paired difference above and "
                   "corrected with Holm's method within its family of claims: confirmed when the adjusted p is below "
-                  "0.05 and the effect lies on the paper's side of zero, refuted when it lies on the other side, "
+                  f"{alpha:g} and the effect lies on the paper's side of zero, refuted when it lies on the other side, "
                   "otherwise not detectable at this budget (with the smallest effect the run could have detected, "
                   "uncorrected). The depth claim uses a t interval over seeds.", ""]
-        lines += claims_table(report.get("claims", []), report.get("depth"), digits)
+        lines += claims_table(report.get("claims", []), report.get("depth"), digits, alpha)
     lines += ["", "## What agrees and what does not", "", agreement_paragraph(report), ""]
     return "\n".join(lines)
 
@@ -150,9 +151,9 @@ def paired_paragraph(report: dict) -> str:
            f"({plan.get('rule', RULE)}). "
            f"Every verdict follows the p-value adjusted for the comparisons of its family ({families}"
            + (f", declared in {plan['file']}" if plan.get("file") else "") + "): better or worse only when the "
-           "adjusted p is below 0.05; otherwise the cell gives the smallest effect this run could have detected (80% "
-           "power, uncorrected). A call marked fragile changes, after correction, under the other defensible "
-           f"convention for the seeds' variance ({other_convention(plan.get('rule', RULE))}).")
+           f"adjusted p is below {plan.get('alpha', 0.05):g}; otherwise the cell gives the smallest effect this run "
+           "could have detected (80% power, uncorrected). A call marked fragile changes, after correction, under the "
+           f"other defensible convention for the seeds' variance ({other_convention(plan.get('rule', RULE))}).")
     called = [p for p in paired if p["verdict"] != "no detectable difference"]
     if not called:
         said = (f" After correction no method differs detectably from its reference on any of the {len(paired)} "

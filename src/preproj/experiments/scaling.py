@@ -340,10 +340,11 @@ def paired_by_plan(sizes: dict, plan: dict) -> list[dict]:
                     compared.add(pair)
                     members.append({"method": variant, "reference": reference, "size": key, **p.to_dict(),
                                     "raw_verdict": p.verdict})
-        correct(members, {"alpha": plan.get("alpha", 0.05),
+        alpha = plan.get("alpha", 0.05)
+        correct(members, {"alpha": alpha,
                           "families": [{"name": family["name"], "correction": family["correction"], "members": "all"}]})
         for m in members:
-            m["text"] = describe_entry({**m, "metric": "loss"})
+            m["text"] = describe_entry({**m, "metric": "loss"}, alpha)
             sizes[m["size"]]["paired"].setdefault(reference, {})[m["method"]] = m
         found += members
     return found
