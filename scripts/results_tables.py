@@ -14,6 +14,7 @@ import re
 import sys
 from pathlib import Path
 
+from preproj.analysis.pairing import plan_alpha
 from preproj.analysis.stats import p_text
 
 COLUMNS = [("lambada.acc", "LAMBADA acc"), ("hellaswag.acc_norm", "HellaSwag acc_norm"), ("arc_easy.acc", "ARC-E acc"),
@@ -46,25 +47,21 @@ def _cell(entry: dict, alpha: float) -> str:
     return text + (", fragile" if entry.get("fragile") else "")
 
 
-def _alpha(report: dict) -> float:
-    """The alpha the study's plan declared: each p-value is written on its side of it."""
-    return (report.get("plan") or {}).get("alpha", 0.05)
-
-
 def paired_table(report: dict) -> str:
     columns = [(m, h) for m, h in COLUMNS if any(e["metric"] == m for e in report["paired"])]
+    alpha = plan_alpha(report.get("plan"))
     lines = ["| comparison | seeds, test | " + " | ".join(h for _, h in columns) + " |",
              "|---" * (len(columns) + 2) + "|"]
     for key in dict.fromkeys((e["method"], e["reference"]) for e in report["paired"]):
         mine = {e["metric"]: e for e in report["paired"] if (e["method"], e["reference"]) == key}
         first = next(iter(mine.values()))
         lines.append(f"| {key[0]} − {key[1]} | {first['seeds'][1]} v {first['seeds'][0]}, {first['test']} | "
-                     + " | ".join(_cell(mine[m], _alpha(report)) if m in mine else "–" for m, _ in columns) + " |")
+                     + " | ".join(_cell(mine[m], alpha) if m in mine else "–" for m, _ in columns) + " |")
     return "\n".join(lines)
 
 
 def claims_table(report: dict) -> str:
-    alpha = _alpha(report)
+    alpha = plan_alpha(report.get("plan"))
     lines = ["| claim | family | effect [95% interval] | p (Holm) | verdict |", "|---|---|---|---|---|"]
     for c in report.get("claims", []):
         lines.append(f"| {c['claim']} | {c['family']} | {c['metric']} {_interval(c)} | {p_text(c['p'], alpha)} "
@@ -84,6 +81,7 @@ def headline(study: Path) -> str:
     """README's short table: the study's comparisons that answer the paper's main questions."""
     report = json.loads((study / "results.json").read_text())
     found = {(e["method"], e["reference"], e["metric"]): e for e in report["paired"]}
+    alpha = plan_alpha(report.get("plan"))
     lines = ["| comparison | metric | seeds | difference [95% interval] | adjusted p | verdict |",
              "|---|---|---|---|---|---|"]
     for key in HEADLINE:
@@ -91,7 +89,7 @@ def headline(study: Path) -> str:
             continue
         e = found[key]
         lines.append(f"| {key[0]} − {key[1]} | {e['metric']} | {e['seeds'][1]} v {e['seeds'][0]} | {_interval(e)} | "
-                     f"{p_text(_adjusted(e), _alpha(report))} | {e['verdict']}"
+                     f"{p_text(_adjusted(e), alpha)} | {e['verdict']}"
                      + (", fragile" if e.get("fragile") else "") + " |")
     return "\n".join(lines)
 

@@ -114,7 +114,7 @@ def paired_comparisons(runs: list[dict], methods: list[str], protocol: str, out:
     correct(twin, plan)
     for entry, other in zip(found, twin, strict=True):
         entry["fragile"] = entry["verdict"] != other["verdict"]
-        entry["text"] = describe_entry(entry, plan.get("alpha", 0.05))
+        entry["text"] = describe_entry(entry, plan_alpha(plan))
     return found
 
 
@@ -141,6 +141,12 @@ def family_sizes(plan: dict, entries: list[dict]) -> dict[str, tuple[int, int]]:
     return {name: (len(members), len(members - measured)) for name, members in declared_members(plan).items()}
 
 
+def plan_alpha(plan: dict | None) -> float:
+    """The significance level a plan declares (0.05 where it declares none, or there is no plan): the verdicts follow
+    it, and so does every text that writes a p-value beside them."""
+    return (plan or {}).get("alpha", 0.05)
+
+
 def correct(found: list[dict], plan: dict) -> None:
     """Adjusted p-values per family (Holm or Benjamini-Hochberg), and each entry's verdict from its adjusted p: a claim
     follows its Holm family, every other entry Benjamini-Hochberg over all comparisons.
@@ -148,7 +154,7 @@ def correct(found: list[dict], plan: dict) -> None:
     A declared member not measured yet (its runs are still to come) keeps its place in the family as p = 1, so an
     interim report corrects for the whole declared family: both corrections only lower an adjusted p when a p falls,
     so no call an interim report makes is withdrawn when the rest arrive."""
-    alpha = plan.get("alpha", 0.05)
+    alpha = plan_alpha(plan)
     adjust = {"holm": holm, "benjamini-hochberg": benjamini_hochberg}
     sizes = family_sizes(plan, found)
     for family in plan["families"]:

@@ -8,7 +8,7 @@ import json
 import numpy as np
 
 from ..evaluation.tasks import Metric, columns
-from .pairing import column_names, digits, family_sizes, other_convention
+from .pairing import column_names, digits, family_sizes, other_convention, plan_alpha
 from .paper import PAPER_COLUMNS, PAPER_TABLE, claims_table
 from .stats import RULE
 
@@ -90,7 +90,7 @@ def render_report(report: dict) -> str:
                          f"{mine[0].get('test', '–')} | "
                          + " | ".join(cells.get(m, "–") for m in metrics) + " |")
     if report.get("claims") or report.get("depth"):
-        alpha = (report.get("plan") or {}).get("alpha", 0.05)
+        alpha = plan_alpha(report.get("plan"))
         lines += ["", "## The paper's claims", "",
                   "Each claim is one method against one reference, checked by the paired difference above and "
                   "corrected with Holm's method within its family of claims: confirmed when the adjusted p is below "
@@ -151,7 +151,7 @@ def paired_paragraph(report: dict) -> str:
            f"({plan.get('rule', RULE)}). "
            f"Every verdict follows the p-value adjusted for the comparisons of its family ({families}"
            + (f", declared in {plan['file']}" if plan.get("file") else "") + "): better or worse only when the "
-           f"adjusted p is below {plan.get('alpha', 0.05):g}; otherwise the cell gives the smallest effect this run "
+           f"adjusted p is below {plan_alpha(plan):g}; otherwise the cell gives the smallest effect this run "
            "could have detected (80% power, uncorrected). A call marked fragile changes, after correction, under the "
            f"other defensible convention for the seeds' variance ({other_convention(plan.get('rule', RULE))}).")
     called = [p for p in paired if p["verdict"] != "no detectable difference"]

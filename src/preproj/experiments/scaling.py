@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..analysis.pairing import correct, describe_entry
+from ..analysis.pairing import correct, describe_entry, plan_alpha
 from ..analysis.stats import paired_t
 from ..data import resolve_data_dir, training_corpus
 from ..runtime.files import atomic_write, write_json
@@ -327,7 +327,7 @@ def paired_by_plan(sizes: dict, plan: dict) -> list[dict]:
     effect is the variant's loss minus the reference's: negative means the variant is better. A pair an earlier
     family compares is not repeated, and a variant that shares its runs with an earlier one (base@flops at
     base@params's width) is compared once. Each entry also lands in its size's `paired` table."""
-    found, compared = [], set()
+    found, compared, alpha = [], set(), plan_alpha(plan)
     for family in plan["families"]:
         reference, members = family["reference"], []
         for key, entry in sizes.items():
@@ -340,7 +340,6 @@ def paired_by_plan(sizes: dict, plan: dict) -> list[dict]:
                     compared.add(pair)
                     members.append({"method": variant, "reference": reference, "size": key, **p.to_dict(),
                                     "raw_verdict": p.verdict})
-        alpha = plan.get("alpha", 0.05)
         correct(members, {"alpha": alpha,
                           "families": [{"name": family["name"], "correction": family["correction"], "members": "all"}]})
         for m in members:
