@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -170,6 +171,17 @@ def test_export_directory_holds_safetensors_config_code_and_card_only(exported):
     modeling = (tmp / "gemma3_text" / "modeling_preproj.py").read_text()
     assert "import Gemma3ForCausalLM as BaseForCausalLM" in modeling
     assert imported_packages(modeling) == {"__future__", "torch", "transformers"}
+
+
+def test_export_is_readable_as_a_plain_directory_under_the_umask(tmp_path):
+    umask = os.umask(0o027)
+    try:
+        out = export(attach(tiny_model("llama"), PreProjConfig()), tmp_path / "shared")
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o750
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o640}, modes
 
 
 def imported_packages(source: str) -> set[str]:
