@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 
 import pytest
@@ -126,3 +128,18 @@ def test_embedded_model_exact_noop_cache_round_trip_and_detach(smollm2, tmp_path
             assert torch.equal(model(ids).logits, adapted_out.logits)
     finally:
         detach(model)
+
+
+def test_the_dequantised_cache_is_readable_under_the_umask_like_a_plain_directory(tmp_path, monkeypatch):
+    from preproj.runtime import loading
+
+    monkeypatch.setenv("PREPROJ_CACHE_DIR", str(tmp_path))
+    umask = os.umask(0o022)
+    try:
+        target = loading._dequantised_checkpoint("smollm2-135m")
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in target.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
+    assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]

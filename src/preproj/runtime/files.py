@@ -40,6 +40,16 @@ def atomic_write(path: Path, write) -> None:
         raise
 
 
+def give_plain_modes(directory: Path) -> None:
+    """mkdtemp makes a directory 0700 and safetensors its weights 0600: give a directory written whole and its files
+    the modes that mkdir and open would, so that whoever the umask lets read a model directory can read it."""
+    umask = os.umask(0)
+    os.umask(umask)
+    directory.chmod(0o777 & ~umask)
+    for path in directory.iterdir():
+        path.chmod(0o666 & ~umask)
+
+
 def write_json(path: str | os.PathLike, data) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

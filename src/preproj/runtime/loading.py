@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .files import give_plain_modes
 from .precision import AUTO, PRECISIONS, resolve_device
 
 
@@ -122,6 +123,7 @@ def _dequantised_checkpoint(name: str) -> Path:
         model.config._name_or_path = EMBEDDED[name].hub_id
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        give_plain_modes(tmp)
         os.replace(tmp, target)
     except OSError:
         if not (target / "config.json").is_file():

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..core.attach import adapted_layers, is_attached
 from ..core.families import family_of
-from ..runtime.files import write_json
+from ..runtime.files import give_plain_modes, write_json
 from .card import model_card
 
 MODELING_FILE = "modeling_preproj.py"
@@ -60,7 +60,7 @@ def export(model: nn.Module, out: str | os.PathLike, tokenizer=None, *, dtype: s
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         (tmp / "README.md").write_text(model_card(base, config, run_dir))
-        _plain_modes(tmp)
+        give_plain_modes(tmp)
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)
@@ -115,16 +115,6 @@ def _dtype(dtype: str | torch.dtype | None, base: nn.Module) -> torch.dtype:
     if dtype not in DTYPES:
         raise ExportError(f"Unknown export dtype {dtype!r}; use one of {', '.join(DTYPES)}.")
     return DTYPES[dtype]
-
-
-def _plain_modes(directory: Path) -> None:
-    """mkdtemp makes the directory 0700 and safetensors the weights 0600: give them the modes that mkdir and open
-    would, so that an export meant to be shared is readable by whoever the umask lets read it."""
-    umask = os.umask(0)
-    os.umask(umask)
-    directory.chmod(0o777 & ~umask)
-    for path in directory.iterdir():
-        path.chmod(0o666 & ~umask)
 
 
 def _dedup_tied(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
