@@ -27,9 +27,7 @@ def atomic_write(path: Path, write) -> None:
     os.close(fd)
     try:
         write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the mode a plain open() would
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the mode a plain open() would
         os.replace(tmp, path)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
@@ -43,11 +41,20 @@ def atomic_write(path: Path, write) -> None:
 def give_plain_modes(directory: Path) -> None:
     """mkdtemp makes a directory 0700 and safetensors its weights 0600: give a directory written whole and its files
     the modes that mkdir and open would, so that whoever the umask lets read a model directory can read it."""
-    umask = os.umask(0)
-    os.umask(umask)
+    umask = _umask()
     directory.chmod(0o777 & ~umask)
     for path in directory.iterdir():
-        path.chmod(0o666 & ~umask)
+        if path.is_dir():
+            give_plain_modes(path)
+        else:
+            path.chmod(0o666 & ~umask)
+
+
+def _umask() -> int:
+    """The process's umask; reading it means setting it, so it is set straight back."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def write_json(path: str | os.PathLike, data) -> None:
