@@ -199,6 +199,15 @@ def replication_tables(out: Path) -> str:
     return text
 
 
+def question_table(out: Path) -> str:
+    """The analysis plan's question in a compare directory, answered from its results.json (the report's own rows)."""
+    from preproj.analysis.report import question_table as rows
+
+    if not (out / "results.json").is_file():
+        return "No run has been reported yet."
+    return "\n".join(rows(json.loads((out / "results.json").read_text()))) or "The analysis plan declares no question."
+
+
 def sweep_table(out: Path) -> str:
     """A compare directory's learning-rate sweep from its finished points (sweep/*/summary.json, each beside the
     train_config.json that names its method, rate and seed): the held-out loss per method and rate, seed 42 first and
@@ -260,6 +269,7 @@ BLOCKS = {  # page -> {block name: what writes it}
         "gemma3-baseline": lambda: baseline_table({"Gemma 3 270M": ROOT / "results" / "gemma3-cpu" / "base-seed42",
                                                    "SmolLM2-135M": ROOT / "results" / "study-cpu" / "base-seed42"}),
         "gemma3-sweep": lambda: sweep_table(ROOT / "results" / "gemma3-cpu"),
+        "gemma3-question": lambda: question_table(ROOT / "results" / "gemma3-cpu"),
         "gemma3-tables": lambda: replication_tables(ROOT / "results" / "gemma3-cpu")},
     "docs/results/benchmarks.md": {name: (lambda starts=starts: bench_table(BENCH, starts)) for name, starts in (
         ("bench-train", "| method | precision"), ("bench-generate", "| dtype"), ("bench-eval", "| task | items"),

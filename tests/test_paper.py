@@ -131,6 +131,43 @@ def test_a_plan_declaring_another_alpha_gets_its_verdicts_text_and_prose_at_that
     assert "confirmed when the adjusted p is below 0.01 and" in render_report(report)
 
 
+def test_the_report_answers_the_plans_question_by_its_own_family_whichever_family_decides_elsewhere(tmp_path):
+    """A plan's question is answered first, by the Holm family named "question" alone: skip - base on LAMBADA at
+    p 0.02 is better there (adjusted 0.04, its partner not measured yet and counted as p = 1), though the later
+    claims family, which decides the entry in the paired table, leaves it undetected (adjusted 0.06)."""
+    from preproj.analysis.pairing import describe_entry
+    from preproj.analysis.report import question_section, render_report
+
+    lambada = {**planted("skip", "base", "lambada", +0.10), "p": 0.02}
+    member = {k: lambada[k] for k in ("method", "reference", "metric")}
+    partner = {"method": "preproj+skip", "reference": "base", "metric": "lambada.acc"}
+    others = [{**member, "metric": m} for m in ("hellaswag.acc_norm", "arc_easy.acc")]
+    plan = {"question": "Does the skip raise LAMBADA?", "declared": "before any run", "alpha": 0.05,
+            "comparisons": [{"method": "skip", "reference": "base"}, {"method": "preproj+skip", "reference": "base"}],
+            "families": [{"name": "question", "correction": "holm", "members": [member, partner]},
+                         {"name": "claims", "correction": "holm", "members": [member, *others]}]}
+    (tmp_path / "analysis_plan.json").write_text(json.dumps(plan))
+    declared = analysis_plan(tmp_path, [], "harness")
+    paired = [lambada]
+    correct(paired, declared)
+    assert lambada["decided_by"] == "claims" and lambada["verdict"] == "no detectable difference"
+    assert lambada["adjusted"] == pytest.approx({"question": 0.04, "claims": 0.06})
+
+    report = {"model": "m", "preset": "study", "protocol": "harness", "eval_limits": {}, "train": {}, "seeds": 1,
+              "methods": {}, "paired": [{**lambada, "text": describe_entry(lambada), "seeds": [1, 1],
+                                         "test": "item-and-seed"}], "claims": [], "plan": declared}
+    section = question_section(report)
+    assert section[:2] == ["", "## The question"] and "*Does the skip raise LAMBADA?*" in section[3]
+    assert "2 paired comparisons, corrected together by Holm's method" in section[3]
+    rows = {line.split(" | ")[0]: line for line in section if line.startswith("| ") and " − " in line}
+    assert rows["| skip − base"].endswith("| 0.02 (0.04) | better |")
+    assert "not measured yet | – (counted as p = 1)" in rows["| preproj+skip − base"]
+    text = render_report(report)
+    assert text.index("## The question") < text.index("## Paired differences")
+    assert question_section({**report, "plan": {**declared, "question": None}}) == []
+    assert question_section({**report, "plan": {**declared, "families": declared["families"][1:]}}) == []
+
+
 def test_a_declared_member_still_to_come_counts_as_p_one_so_no_interim_call_is_withdrawn(tmp_path):
     """A plan file declares three claims among its comparisons (and one outside them); with one not measured yet,
     Holm corrects over all three (the missing one as p = 1) and the report says so. Once it arrives no adjusted p

@@ -1,5 +1,5 @@
-"""compare's report.md, written from results.json's contents: the methods table, learning rates, paired
-differences, the paper's claims and what agrees with the paper."""
+"""compare's report.md, written from results.json's contents: the methods table, the analysis plan's question,
+learning rates, paired differences, the paper's claims and what agrees with the paper."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 from ..evaluation.tasks import Metric, columns
 from .pairing import column_names, digits, family_sizes, other_convention, plan_alpha
 from .paper import PAPER_COLUMNS, PAPER_TABLE, claims_table
-from .stats import RULE
+from .stats import RULE, p_text
 
 
 def mean_known(seconds: list[float | None]) -> dict:
@@ -72,6 +72,7 @@ def render_report(report: dict) -> str:
         lr = f"{row['lr']:g}" if row.get("lr") else "–"
         lines.append(f"| {method} | {len(row['seeds'])} | {lr} | {params} | " + " | ".join(cells)
                      + f" | {row['train_tokens']:,} | {train_time} | {_fmt_seconds(row['eval_seconds'])} |")
+    lines += question_section(report)
     lines += ["", "The paper's Table 2 (Pythia, its own protocol on 500-item subsets, one seed), for reference:", "",
               "| model | method | params | LAMBADA | HellaSwag | ARC-E | PPL |", "|---|---|---|---|---|---|---|"]
     for model, rows in PAPER_TABLE.items():
@@ -100,6 +101,61 @@ def render_report(report: dict) -> str:
         lines += claims_table(report.get("claims", []), report.get("depth"), digits, alpha)
     lines += ["", "## What agrees and what does not", "", agreement_paragraph(report), ""]
     return "\n".join(lines)
+
+
+CORRECTIONS = {"holm": "Holm's method", "benjamini-hochberg": "Benjamini-Hochberg"}
+
+
+def _question_family(plan: dict) -> dict | None:
+    """The plan's family named "question", where the plan declares a question and lists that family's members."""
+    family = next((f for f in plan.get("families", []) if f["name"] == "question" and f["members"] != "all"), None)
+    return family if plan.get("question") else None
+
+
+def question_section(report: dict) -> list[str]:
+    """The question an analysis plan declares, answered by its family named "question" (question_table). Nothing
+    when the plan declares no question or no such family."""
+    plan = report.get("plan") or {}
+    family = _question_family(plan)
+    if family is None:
+        return []
+    declared = f" ({plan['declared']})" if plan.get("declared") else ""
+    amended = ", amended since as its `amended` field says," if plan.get("amended") else ""
+    correction = CORRECTIONS.get(family["correction"], family["correction"])
+    return ["", "## The question", "",
+            f"*{plan['question']}* The analysis plan declares it{declared}{amended} with {len(family['members'])} "
+            f"paired comparisons, corrected together by {correction}; each is answered when its adjusted p is below "
+            f"{plan_alpha(plan):g} (how the differences are computed: Paired differences, below).", "",
+            *question_table(report)]
+
+
+def question_table(report: dict) -> list[str]:
+    """Markdown rows for each member of the plan's question family: the paired difference and the verdict that
+    family's correction alone leaves, whichever family decides the entry elsewhere in the report (a member whose runs
+    are still to come counts as p = 1 there)."""
+    plan = report.get("plan") or {}
+    family = _question_family(plan)
+    if family is None:
+        return []
+    alpha = plan_alpha(plan)
+    found = {(p["method"], p["reference"], p["metric"]): p for p in report.get("paired", [])}
+    lines = ["| comparison | metric | seeds, test | difference [95% interval] | p (adjusted) | answer |",
+             "|---|---|---|---|---|---|"]
+    for member in family["members"]:
+        key = (member["method"], member["reference"], member["metric"])
+        name = f"{key[0]} − {key[1]} | {key[2]}"
+        entry = found.get(key)
+        if entry is None:
+            lines.append(f"| {name} | – | not measured yet | – (counted as p = 1) | – |")
+            continue
+        d, q = digits(entry["metric"]), entry["adjusted"][family["name"]]
+        answer = entry["raw_verdict"] if q < alpha else f"no detectable difference (would detect ±{entry['mde']:.{d}f})"
+        if entry.get("fragile") and entry.get("decided_by") == family["name"]:
+            answer += ", fragile"
+        lines.append(f"| {name} | {entry['seeds'][1]} v {entry['seeds'][0]}, {entry.get('test', '–')} | "
+                     f"{entry['effect']:+.{d}f} [{entry['low']:+.{d}f}, {entry['high']:+.{d}f}] | "
+                     f"{p_text(entry['p'], alpha)} ({p_text(q, alpha)}) | {answer} |")
+    return lines
 
 
 def _sweep_section(sweep: dict | None) -> list[str]:
