@@ -20,6 +20,7 @@ from preproj.analysis.stats import (
     paired_t,
     perplexity,
     t_interval,
+    two_seeds_note,
 )
 
 
@@ -230,3 +231,19 @@ def test_an_undefined_p_value_rejects_nothing_and_still_counts_in_its_family():
                                      (0.05004, "0.05"), (0.051, "0.051")])
 def test_a_p_value_is_never_written_on_the_other_side_of_alpha(p, text):
     assert p_text(p) == text
+
+
+def test_two_seeds_widen_the_chosen_rules_interval_past_one_seeds_and_compare_is_told_so():
+    """Under the chosen rule an arm whose second seed repeats its first item for item (no seed variance at all)
+    still gets t(1)'s quantile for the whole interval, 12.7 / 1.96 times one seed's; three such seeds 4.3 / 1.96.
+    two_seeds_note says so for two seeds only, under the rules that give the seeds a t(n-1) quantile."""
+    rng = np.random.default_rng(3)
+    base = (rng.random((1, 2000)) < 0.4).astype(float)
+    arm = (rng.random((1, 2000)) < 0.42).astype(float)
+    half = {k: (lambda p: (p.high - p.low) / 2)(paired_difference(base, np.repeat(arm, k, axis=0), accuracy))
+            for k in (1, 2, 3)}
+    assert half[2] / half[1] == pytest.approx(12.706 / 1.960, rel=1e-3)
+    assert half[3] / half[1] == pytest.approx(4.303 / 1.960, rel=1e-3)
+    assert "one degree of freedom, 12.7 (3 seeds: 4.3)" in two_seeds_note(2)
+    assert two_seeds_note(1) is None and two_seeds_note(3) is None and two_seeds_note(2, "raw, n-1 df") is None
+    assert "the seeds' part of each interval" in two_seeds_note(2, "raw, separate quantiles")

@@ -248,6 +248,18 @@ def _interval(parts: _Parts, rule: str, confidence: float = 0.95,
     return q * se, mde, p, se
 
 
+def two_seeds_note(seeds: int, rule: str = RULE) -> str | None:
+    """What two seeds per arm cost under `rule`, where it gives a seed part its own t(n-1) quantile: t(1)'s is 12.7,
+    so an arm of two seeds against another can get a wider interval than the same arm with one seed (conditional on
+    it) or three. None for any other count or rule."""
+    if seeds != 2 or not rule.endswith(("t(n-1) for all", "separate quantiles")):
+        return None
+    part = "the whole interval" if rule.endswith("for all") else "the seeds' part of each interval"
+    return (f"2 seeds per method: the interval rule ({rule}) gives {part} the t-quantile of one degree of freedom, "
+            f"{_quantile(1, 0.975):.1f} (3 seeds: {_quantile(2, 0.975):.1f}), so a paired interval with such an arm "
+            "can be wider than with one seed or three; results/coverage.md checked the rule at 1 and 3 seeds. To "
+            "decide, use --seeds 3; for intervals conditional on one seed, --seeds 1.")
+
 def _separate_p(effect: float, items: float, items_df: float, seeds: list[tuple[float, float]]) -> float:
     """The smallest two-sided level at which the separate-quantiles interval excludes zero (bisection on its log,
     from 1e-16; upper-tail quantiles, exact for tiny levels)."""

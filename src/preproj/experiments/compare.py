@@ -29,6 +29,7 @@ from ..analysis.report import mean_known, render_report
 from ..analysis.stats import (
     RULE,
     t_interval,
+    two_seeds_note,
 )
 from ..evaluation.runner import evaluate
 from ..evaluation.tasks import columns, default_tasks
@@ -84,6 +85,10 @@ def run_compare(args: CompareArgs, progress: bool = True) -> dict:
     if lr_sweep and preset["train"]["data"] == "wikitext2":
         raise ValueError("--lr-sweep selects on the training data's held-out text, which for --data wikitext2 is the "
                          "reported WikiText-2 test; use --preset study (WikiText-2 train, selection on raw valid).")
+    note = two_seeds_note(args.seeds or preset.get("seeds", 1),
+                          analysis_plan(Path(args.out), methods, preset["eval"]["protocol"]).get("rule", RULE))
+    if note and r.is_main and not args.report_only:
+        logger.warning(f"[compare] {note}")
     # A report-only pass reads finished runs and writes only the report's own files, never a run's, so it may run
     # beside the comparison that owns the directory.
     with nullcontext() if args.report_only else ddist.owned(Path(args.out), "preproj compare", device):

@@ -54,7 +54,8 @@ class CompareArgs:
     """Comma-separated: base, lora, preproj, skip, preproj+skip, preproj+lora; METHOD@LR trains METHOD at that peak
     learning rate instead of the swept one (its runs are METHOD@LR-seedN). Default: the preset's, else all six."""
     seeds: int | None = None
-    """Seeds (42, 43, ...) per method of --seeded-methods; default: the preset's (cpu, paper: 1; study: 3)."""
+    """Seeds (42, 43, ...) per method of --seeded-methods; default: the preset's (cpu, paper: 1; study: 3). Two give
+    the paired intervals t(1)'s quantile, wider than one seed's or three's (compare warns)."""
     seeded_methods: str | None = None
     """Comma-separated methods that get --seeds seeds, the others one; default: the preset's (all trained methods)."""
     preset: str = "cpu"
