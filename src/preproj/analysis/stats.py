@@ -260,6 +260,7 @@ def two_seeds_note(seeds: int, rule: str = RULE) -> str | None:
             "can be wider than with one seed or three; results/coverage.md checked the rule at 1 and 3 seeds. To "
             "decide, use --seeds 3; for intervals conditional on one seed, --seeds 1.")
 
+
 def _separate_p(effect: float, items: float, items_df: float, seeds: list[tuple[float, float]]) -> float:
     """The smallest two-sided level at which the separate-quantiles interval excludes zero (bisection on its log,
     from 1e-16; upper-tail quantiles, exact for tiny levels)."""
