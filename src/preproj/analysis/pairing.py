@@ -171,8 +171,20 @@ def correct(found: list[dict], plan: dict) -> None:
             if family["correction"] == "holm" or "decided_by" not in entry:
                 entry["decided_by"] = family["name"]
     for entry in found:
-        q = entry.get("adjusted", {}).get(entry.get("decided_by"), entry["p"])
-        entry["verdict"] = entry["raw_verdict"] if q < alpha else "no detectable difference"
+        entry["verdict"] = verdict_in(entry, entry.get("decided_by"), alpha)
+
+
+def verdict_in(entry: dict, family: str | None, alpha: float) -> str:
+    """The verdict that the entry's p adjusted within `family` leaves (its raw p where that family adjusted none): its
+    raw verdict when below alpha, else no detectable difference."""
+    q = entry.get("adjusted", {}).get(family, entry["p"])
+    return entry["raw_verdict"] if q < alpha else "no detectable difference"
+
+
+def interval_text(entry: dict) -> str:
+    """'+0.021 [+0.003, +0.040]': the effect and its 95% interval in the metric's digits."""
+    f = f"{{:+.{digits(entry['metric'])}f}}"
+    return f"{f.format(entry['effect'])} [{f.format(entry['low'])}, {f.format(entry['high'])}]"
 
 
 def describe_entry(entry: dict, alpha: float = 0.05) -> str:
@@ -183,8 +195,7 @@ def describe_entry(entry: dict, alpha: float = 0.05) -> str:
     q = entry.get("adjusted", {}).get(entry.get("decided_by"))
     if not math.isfinite(entry["p"]):  # one item, or no variation at all: nothing to test
         return f"{f.format(entry['effect'])}: no interval ({entry.get('items', '?')} item(s), no variation to test)"
-    text = (f"{f.format(entry['effect'])} [{f.format(entry['low'])}, {f.format(entry['high'])}] "
-            f"p {p_text(entry['p'], alpha)}")
+    text = f"{interval_text(entry)} p {p_text(entry['p'], alpha)}"
     if q is not None:
         text += f", adj. {p_text(q, alpha)}"
     text += f": {entry['verdict']}"

@@ -8,7 +8,7 @@ import json
 import numpy as np
 
 from ..evaluation.tasks import Metric, columns
-from .pairing import column_names, digits, family_sizes, other_convention, plan_alpha
+from .pairing import column_names, digits, family_sizes, interval_text, other_convention, plan_alpha, verdict_in
 from .paper import PAPER_COLUMNS, PAPER_TABLE, claims_table
 from .stats import RULE, p_text
 
@@ -148,13 +148,14 @@ def question_table(report: dict) -> list[str]:
         if entry is None:
             lines.append(f"| {name} | – | not measured yet | – (counted as p = 1) | – |")
             continue
-        d, q = digits(entry["metric"]), entry["adjusted"][family["name"]]
-        answer = entry["raw_verdict"] if q < alpha else f"no detectable difference (would detect ±{entry['mde']:.{d}f})"
+        answer = verdict_in(entry, family["name"], alpha)
+        if answer == "no detectable difference":
+            answer += f" (would detect ±{entry['mde']:.{digits(entry['metric'])}f})"
         if entry.get("fragile") and entry.get("decided_by") == family["name"]:
             answer += ", fragile"
         lines.append(f"| {name} | {entry['seeds'][1]} v {entry['seeds'][0]}, {entry.get('test', '–')} | "
-                     f"{entry['effect']:+.{d}f} [{entry['low']:+.{d}f}, {entry['high']:+.{d}f}] | "
-                     f"{p_text(entry['p'], alpha)} ({p_text(q, alpha)}) | {answer} |")
+                     f"{interval_text(entry)} | {p_text(entry['p'], alpha)} "
+                     f"({p_text(entry['adjusted'][family['name']], alpha)}) | {answer} |")
     return lines
 
 
