@@ -11,6 +11,10 @@ import transformers
 
 VOCAB = 97
 
+# The suite runs eager unless a test asks for the compiled path (tests/test_compile.py): compiling every tiny model
+# would cost seconds per test and test inductor rather than preproj. Subprocesses inherit it.
+os.environ.setdefault("PREPROJ_COMPILE", "0")
+
 TINY_CONFIGS = {
     "gpt_neox": lambda: transformers.GPTNeoXConfig(
         vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=128,

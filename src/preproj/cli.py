@@ -54,6 +54,10 @@ def _add_dataclass_args(parser: argparse.ArgumentParser, cls) -> None:
             action = argparse.BooleanOptionalAction if f.default else "store_true"  # a default of True needs --no-X
             parser.add_argument(flag, action=action, default=f.default, help=help_text)
             continue
+        if str(f.type) == "bool | None":  # --X, --no-X, or neither: the default decides
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                                help=help_text.replace("(default: None)", "(default: auto)"))
+            continue
         kind = {"int | None": int, "str | None": str, "float | None": float}.get(str(f.type), type(f.default))
         parser.add_argument(flag, type=_typed(f.name, kind), default=f.default, help=help_text)
 
@@ -137,7 +141,7 @@ def _eval(ns: argparse.Namespace) -> int:
     results = evaluate(model, tokenizer, args.tasks, protocol=args.protocol, limit=args.limit, data_dir=args.data_dir,
                        max_length=args.max_length, batch_tokens=args.batch_tokens, precision=args.precision,
                        model_name=args.model, adapter=args.adapter, out=args.out, items_out=items_out,
-                       journal=journal, journal_key=key)
+                       journal=journal, journal_key=key, compile=args.compile)
     print(format_results(results))
     if args.out:
         print(f"wrote {args.out}" + (f" and {items_out}" if items_out else ""))

@@ -32,6 +32,25 @@ def body_and_head(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
     return None
 
 
+def softmax_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, scale: float, want_grad: bool):
+    """(sum of CE over the rows, d(scale * that sum)/d logits in the logits' dtype or None) for one chunk of logits
+    (n, V); the softmax in float32, as transformers upcasts the logits. The in-place ops keep it to one float32 copy
+    of the chunk. Compiling it buys little: the loss spends its time in its two matmuls."""
+    dtype = logits.dtype
+    logits = logits.float()  # (n, V)
+    rows = torch.arange(len(targets), device=targets.device)
+    target_logits = logits[rows, targets]  # (n,)
+    top = logits.amax(dim=-1, keepdim=True)  # (n, 1)
+    exp = logits.sub_(top).exp_()  # (n, V), in place: one exp pass serves loss and gradient
+    sum_exp = exp.sum(dim=-1)  # (n,)
+    total = (top.squeeze(1) + sum_exp.log() - target_logits).sum()
+    if not want_grad:
+        return total, None
+    probs = exp.mul_((scale / sum_exp)[:, None])  # d loss / d logits = scale * (softmax - one_hot)
+    probs[rows, targets] -= scale
+    return total, probs.to(dtype)  # cast as autocast would
+
+
 class LinearCrossEntropy(torch.autograd.Function):
     """sum_i scale * CE(hidden_i @ weight.T, target_i), with d/d hidden computed chunk by chunk in forward."""
 
@@ -48,18 +67,11 @@ class LinearCrossEntropy(torch.autograd.Function):
             total = torch.zeros((), dtype=torch.float32, device=hidden.device)
             grad = torch.empty_like(h) if want_grad else None  # (N, d)
             for s in range(0, h.shape[0], CHUNK_ROWS):
-                t = targets[s : s + CHUNK_ROWS]
-                logits = (h[s : s + CHUNK_ROWS] @ w.T).float()  # (n, V)
-                rows = torch.arange(len(t), device=t.device)
-                target_logits = logits[rows, t]  # (n,)
-                top = logits.amax(dim=-1, keepdim=True)  # (n, 1)
-                exp = logits.sub_(top).exp_()  # (n, V), in place: one exp pass serves loss and gradient
-                sum_exp = exp.sum(dim=-1)  # (n,)
-                total += (top.squeeze(1) + sum_exp.log() - target_logits).sum()
-                if want_grad:  # d loss / d logits = scale * (softmax - one_hot), cast as autocast would
-                    probs = exp.mul_((scale / sum_exp)[:, None])
-                    probs[rows, t] -= scale
-                    grad[s : s + CHUNK_ROWS] = probs.to(dtype) @ w
+                rows = slice(s, s + CHUNK_ROWS)
+                loss, dlogits = softmax_cross_entropy(h[rows] @ w.T, targets[rows], scale, want_grad)  # (n, V) logits
+                total += loss
+                if want_grad:
+                    grad[rows] = dlogits @ w
         ctx.save_for_backward(grad.to(hidden.dtype) if want_grad else None)
         return total * scale
 
@@ -80,6 +92,8 @@ def causal_lm_loss(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tens
     if parts is None or parts[1].weight.requires_grad:  # unknown family, or a head that trains
         return model(input_ids=input_ids, labels=labels).loss
     body, head = parts
-    hidden = body(input_ids=input_ids).last_hidden_state[:, :-1]  # (B, T-1, d)
+    # No K/V cache: a training forward never reads one, and filling it costs copies (and, compiled, a recompile
+    # per layer, as each layer's cache slot is guarded on).
+    hidden = body(input_ids=input_ids, use_cache=False).last_hidden_state[:, :-1]  # (B, T-1, d)
     hidden = hidden.reshape(-1, hidden.shape[-1])[keep]  # (n, d)
     return LinearCrossEntropy.apply(hidden, head.weight, targets[keep], 1.0 / n)

@@ -230,9 +230,9 @@ class LogLikelihood:
         owner_t, target_t = torch.tensor(owner, device=device), torch.tensor(targets, device=device)
         with self.precision.compute_context(device):
             if self.fast:
-                scored = self.body(input_ids=ids, **extra).last_hidden_state[rows_t, cols_t]  # (N, d)
+                scored = self.body(input_ids=ids, use_cache=False, **extra).last_hidden_state[rows_t, cols_t]  # (N, d)
             else:
-                scored = self.model(input_ids=ids, **extra).logits[rows_t, cols_t]  # (N, V)
+                scored = self.model(input_ids=ids, use_cache=False, **extra).logits[rows_t, cols_t]  # (N, V)
             logprob, greedy = [], []
             for s in range(0, len(targets), HEAD_CHUNK):  # chunks bound the (N, V) logits in memory
                 chunk = scored[s : s + HEAD_CHUNK]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -10,10 +11,12 @@ from pathlib import Path
 from torch import nn
 
 from .. import data
+from ..core.compiling import compiled_blocks, wants_compile
 from ..runtime import distributed as ddist
 from ..runtime.files import write_json, write_jsonl
 from ..runtime.loading import model_max_length
 from ..runtime.precision import check_weights_dtype
+from ..runtime.precision import precision as as_precision
 from ..runtime.validation import check_value, check_within_context
 from .engine import LogLikelihood
 from .tasks import PAPER_LIMIT, PROTOCOLS, TASK_TABLE, default_tasks, run_task
@@ -46,6 +49,9 @@ class EvalArgs:
     precision: str = "fp32"
     """fp32, bf16-mixed (bf16 autocast; faster on CPUs with avx512_bf16 and on GPUs, not bit-comparable with the
     harness), bf16-true (bf16 weights) or bf16-frozen (bf16 base, fp32 adapter)."""
+    compile: bool | None = None
+    """torch.compile each decoder block for scoring (inductor; shapes vary by batch, so it compiles a few times).
+    Default: on a GPU or in bf16 on a CPU; fp32 scoring stays eager, so its numbers stay bit-comparable."""
     device: str = "auto"
     """auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps. Under torchrun the items are split across
     processes and gathered: the JSON is the one a single process writes."""
@@ -77,14 +83,17 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] | None = None, 
              limit: int | None = None, data_dir: str | Path | None = None, max_length: int | None = None,
              batch_tokens: int = 1024, precision: str = "fp32", progress: bool = True,
              model_name: str | None = None, adapter: str | None = None, out: str | Path | None = None,
-             items_out: str | Path | None = None, journal: str | Path | None = None, journal_key: str = "") -> dict:
+             items_out: str | Path | None = None, journal: str | Path | None = None, journal_key: str = "",
+             compile: bool | None = None) -> dict:
     """Evaluate `model` (adapted or not) and return the results dict that `preproj eval` writes.
 
     With `out`, the JSON is rewritten (atomically) after every task, so a long run that is stopped
     keeps what it finished. With `items_out`, a JSON Lines file gets one record per item of every task
     (its log-likelihoods, correctness, token and byte counts), for paired comparisons later. With `journal`, every
     scored batch is kept in that file until the evaluation returns, so one stopped part-way and called again with
-    the same `journal_key` (what the scores depend on: the weights, the settings) resumes at the batch it was in."""
+    the same `journal_key` (what the scores depend on: the weights, the settings) resumes at the batch it was in.
+    `compile`: torch.compile each decoder block while scoring (None: where faster, see core.compiling.wants_compile);
+    the model is eager again afterwards."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}.")
     names = parse_tasks(default_tasks() if tasks is None else tasks)
@@ -108,10 +117,15 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] | None = None, 
     }
     was_training = model.training
     model.eval()
+    stack = contextlib.ExitStack()
     records = []
     if items_out:
         report["items_file"] = str(items_out)
+    device = next(model.parameters()).device
+    compiled = wants_compile(compile, device, bf16=as_precision(precision).uses_bf16)
+    report["compiled"] = compiled
     try:
+        stack.enter_context(compiled_blocks(model, compiled, device))
         for task in names:
             start = time.monotonic()
             items = []
@@ -124,6 +138,7 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] | None = None, 
                 if out:
                     write_json(out, report)
     finally:
+        stack.close()
         model.train(was_training)
     if journal:
         score.journal_path().unlink(missing_ok=True)

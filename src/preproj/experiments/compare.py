@@ -201,7 +201,7 @@ def _run_arm(args: CompareArgs, arm: str, method: str, seed: int, lr: float | No
     if method != "base":
         targs = TrainArgs(model=args.model, method=method, out=str(run_dir), seed=seed, data_dir=args.data_dir,
                           resume=True, precision=precision.name, device=str(device), strategy=args.strategy,
-                          report_to=args.report_to, **{**train_args, "lr": lr})
+                          report_to=args.report_to, compile=args.compile, **{**train_args, "lr": lr})
         summary, model = train(targs, model, tokenizer, progress=progress)
     weights = trained_weights_digest(model)
     model = merged_for_evaluation(model)  # a LoRA scores at the base's cost; the digest is of what was trained
@@ -263,7 +263,7 @@ def _evaluate_arm(args: CompareArgs, model, tokenizer, run_dir: Path, weights: s
         t0 = time.monotonic()
         res = evaluate(model, tokenizer, [task], protocol=eval_cfg["protocol"], limit=limit, data_dir=args.data_dir,
                        max_length=eval_cfg["max_length"], precision=eval_precision.name, progress=progress,
-                       items_out=items, journal=run_dir / f".eval.{task}.journal",
+                       items_out=items, journal=run_dir / f".eval.{task}.journal", compile=args.compile,
                        journal_key=json.dumps(setting, sort_keys=True))
         tasks[task], task_seconds[task] = res["tasks"][task], time.monotonic() - t0
         if r.is_main:

@@ -82,6 +82,9 @@ class CompareArgs:
     eval_precision: str | None = None
     """Override the preset's evaluation precision, the same for every method and the base; it must load the base
     in the training precision's dtype."""
+    compile: bool | None = None
+    """torch.compile each decoder block, for training and scoring alike (default: where faster, a GPU or bf16 on a
+    CPU; --no-compile runs eager)."""
     device: str = "auto"
     """auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps."""
     strategy: str = "ddp"

@@ -81,6 +81,8 @@ class ScalingArgs:
     """Warmup steps."""
     precision: str = "auto"
     """Precision of every run (auto: bf16-mixed where bf16 matmuls are native, else fp32)."""
+    compile: bool | None = None
+    """torch.compile each decoder block of every run (default: where faster, a GPU or bf16 on a CPU)."""
     device: str = "auto"
     """auto, cpu, cuda, cuda:N or mps."""
     eval_every: int = 50

@@ -44,7 +44,8 @@ def sweep_learning_rates(args: CompareArgs, methods: list[str], train_args: dict
             targs = TrainArgs(**{**train_args, "model": args.model, "method": method, "out": str(run_dir), "seed": seed,
                                  "lr": lr, "steps": steps, "warmup": min(train_args["warmup"], steps // 4),
                                  "eval_every": steps, "save_every": steps, "resume": True, "data_dir": args.data_dir,
-                                 "precision": precision.name, "device": str(device), "strategy": args.strategy})
+                                 "precision": precision.name, "device": str(device), "strategy": args.strategy,
+                                 "compile": args.compile})
             train(targs, model, tokenizer, progress=progress)
         trained_in.add(json.loads((run_dir / "train_config.json").read_text())["precision"])
         return json.loads((run_dir / "summary.json").read_text())["final_heldout_loss"]

@@ -71,6 +71,9 @@ class TrainArgs:
     """'sdpa' or 'eager' attention while training; default: the model's own (sdpa). Under bf16 autocast eager
     rounds attention scores to bf16, and its memory grows with the square of the sequence length;
     benchmarks/run.py times both on your machine."""
+    compile: bool | None = None
+    """torch.compile each decoder block (inductor: the first step compiles, and inductor caches it for later runs).
+    Default: where benchmarks/run.py measured it faster, a GPU or a CPU in bf16; --no-compile runs eager."""
     lora_rank: str | None = None
     """LoRA rank: a number, 'paper' (the author's formula, floor(1.25 d) / 2: 480 for Pythia-160M) or unset (method
     lora: matched to preproj+skip's trainable count within 1%; preproj+lora: 64)."""

@@ -26,6 +26,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..core.attach import skip_norms
+from ..core.compiling import compiled_blocks, wants_compile
 from ..data import resolve_data_dir, training_corpus
 from ..methods.registry import build_method, method, save_method, save_model_dir
 from ..runtime import distributed as ddist
@@ -70,6 +71,8 @@ class Run:
     config: dict
     step: int = 0
     log: list[dict] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)
+    """Each optimizer step's seconds in this process, held-out evaluations left out."""
     trackers: Trackers | None = None
     audit: Bf16Audit | None = None
     on_record: Callable[[dict], None] | None = None
@@ -99,7 +102,10 @@ def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True,
     ends the run there."""
     check_train_args(args)
     device = resolve_device(args.device)
-    args = replace(args, precision=as_precision(args.precision, device).name)  # 'auto' resolved once, and recorded
+    precision = as_precision(args.precision, device)
+    # 'auto' and the default compile resolved once, and recorded
+    compiled = wants_compile(args.compile, device, bf16=precision.uses_bf16)
+    args = replace(args, precision=precision.name, compile=compiled)
     ddist.setup(device)
     out = Path(args.out)
     with ddist.owned(out, "preproj train", device), StopRequests() as stop, contextlib.ExitStack() as hold:
@@ -108,6 +114,7 @@ def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True,
         wall_start = time.monotonic()
         run = setup(args, model, tokenizer, device)
         run.on_record = on_record
+        hold.enter_context(compiled_blocks(run.base, args.compile, device))
         start_or_resume(run, hold)
         fit(run, stop, progress)
         return finish(run, wall_start), run.model
@@ -207,7 +214,9 @@ def fit(run: Run, stop: StopRequests, progress: bool) -> None:
     # a checkpoint written before the log kept them leaves the total unknown.
     seconds_before = 0.0 if run.step == 0 else run.log[-1].get("seconds")
     while run.step < args.steps:
+        step_start = time.monotonic()
         loss = optimizer_step(run)
+        run.step_seconds.append(time.monotonic() - step_start)
         stepping = time.monotonic() - loop_start - evaluating
         record = {"step": run.step, "loss": loss, "lr": run.optimizer.param_groups[0]["lr"],
                   "tokens": run.step * run.tokens_per_step,
@@ -283,6 +292,14 @@ def log_step(run: Run, record: dict) -> None:
         run.trackers.log({**record, **norms}, run.step)
 
 
+def step_times(seconds: list[float]) -> dict:
+    """The first step's seconds (this process's first) and the median of the others'."""
+    if not seconds:
+        return {}
+    later = sorted(seconds[1:]) or seconds
+    return {"first_step_seconds": seconds[0], "median_step_seconds": later[len(later) // 2]}
+
+
 def _targets(labels: torch.Tensor) -> int:
     return int((labels[:, 1:] != -100).sum())
 
@@ -339,6 +356,9 @@ def finish(run: Run, wall_start: float) -> dict:
         "skip_norms": norms,
         "wall_seconds": time.monotonic() - wall_start,
         "train_seconds": log[-1].get("seconds"),
+        # A compiled run's first step includes the compile (less when inductor's cache has it): set against the
+        # typical step, the compile is in plain view.
+        "compiled": args.compile, **step_times(run.step_seconds),
         "precision": run.precision.name, "device": str(run.device), "world_size": strategy.ranks.world_size,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # which kernels: another set rounds otherwise
         "strategy": args.strategy, "data": run.data_description,
