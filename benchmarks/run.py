@@ -28,6 +28,7 @@ The ratios are what count.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -40,29 +41,35 @@ import time
 from pathlib import Path
 
 import torch
+from torch.profiler import record_function
 from torch.utils.flop_counter import FlopCounterMode
 
 from preproj import PreProjConfig, attach, load_model
+from preproj.core.compiling import compiled_blocks, wants_compile
 from preproj.core.loss import causal_lm_loss
 from preproj.experiments.inspection import kv_cache_bytes
 from preproj.methods import build_method
 from preproj.runtime.files import write_json
 from preproj.runtime.precision import compute_context as compute_context_for
+from preproj.runtime.precision import precision as precision_for
 from preproj.runtime.precision import resolve_device
 from preproj.training import make_optimizer
 
-TARGETS = {  # name: (comparison, bound, what it says)
-    "train_mfu_bf16": (">=", 0.60, "preproj+skip training MFU, bf16"),
+TARGETS = {  # name: (comparison, bound, what it says); a bound of None is computed from the run (see bounds())
+    "vs_naive_fp32": (">=", 2.5, "naive fp32 loop's step time / preproj+skip's in the product setting"),
+    "train_mfu_bf16": (">=", 0.50, "preproj+skip training MFU in the product setting (bf16 peak)"),
+    "train_step_vs_base": ("<=", None, "preproj+skip step / bare base step (bound 1 + 1.1 x the modules' FLOP share)"),
     "train_step_vs_lora": ("<=", 1.05, "preproj+skip step time / param-matched LoRA's"),
-    "bf16_speedup": (">=", 1.8, "preproj+skip step: fp32 time / bf16-autocast time"),
-    "generation_overhead": ("<=", 1.30, "greedy generation time, adapted / base (worst of batch 1, 8)"),
+    "generation_overhead": ("<=", None, "greedy generation time, adapted / base (worst of batch 1, 8; bound: FLOPs)"),
     "kv_cache_ratio": ("==", 1.0, "K/V cache bytes, adapted / base"),
-    "eval_vs_harness": ("<=", 1.0, "preproj eval time / harness HFLM time"),
+    "eval_vs_harness": ("<=", 0.5, "preproj eval time / harness HFLM time"),
     "eval_adapter_overhead": ("<=", 1.30, "`preproj eval --adapter` time / the base's (worst method)"),
+    "train_memory_gib": ("<=", 2.85, "peak resident memory of a 4-step `preproj train`, GiB"),
 }
 BATCH, SEQ = 4, 256
 DEVICE = torch.device("cpu")  # set from --device in main(); every tensor below is made on it
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+PRECISION_OF = {"bf16": "bf16-mixed", "fp32": "fp32"}
 EVAL_LIMITS = {"lambada": 200, "hellaswag": 50, "arc_easy": 100, "wikitext": 3}
 EVAL_ADAPTER_ITEMS = 2  # per task (LAMBADA items, WikiText-2 documents at 2048-token windows) for eval_adapters
 
@@ -131,9 +138,9 @@ def peak_workload(dtype: torch.dtype, shape: tuple[int, int, int], flop_per_s: f
 
 # --- train ---------------------------------------------------------------------------------------
 
-def training_setup(base, method: str):
-    """(model, optimizer or None) ready for `train_step`; the base is deep-copied, never modified."""
-    model = copy.deepcopy(base)
+def training_setup(base, method: str, weights: torch.dtype = torch.float32):
+    """(model, optimizer or None) ready for `train_step`; the base is deep-copied (in `weights`), never modified."""
+    model = copy.deepcopy(base).to(weights)
     if method == "base":
         model.requires_grad_(False)
         model.get_input_embeddings().register_forward_hook(lambda mod, inp, out: out.requires_grad_())
@@ -144,14 +151,30 @@ def training_setup(base, method: str):
 
 
 def train_step(model, optimizer, ids: torch.Tensor, precision: str) -> None:
-    """What one `preproj train` micro-step with one micro-batch does (training.py's loop)."""
-    with compute_context_for("bf16-mixed" if precision == "bf16" else "fp32", ids.device):
+    """What one `preproj train` micro-step with one micro-batch does (training/loop.py)."""
+    with record_function("preproj::forward"), compute_context_for(precision, ids.device):
         loss = causal_lm_loss(model, ids, ids)
-    loss.backward()
+    with record_function("preproj::backward"):
+        loss.backward()
     if optimizer is not None:
-        torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], 1.0)
+        with record_function("preproj::optimizer"):
+            torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+
+def naive_setup(base):
+    """The loop a user writes in thirty lines without preproj's training code: the wrapper modules on the float32
+    base, torch's AdamW, the model's own loss, float32 throughout."""
+    model = attach(copy.deepcopy(base), PreProjConfig(mode="preproj+skip")).train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
+
+    def step(ids: torch.Tensor) -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()
+
+    return step
 
 
 def step_flops(model, optimizer, ids: torch.Tensor, precision: str) -> float:
@@ -167,44 +190,75 @@ def step_flops(model, optimizer, ids: torch.Tensor, precision: str) -> float:
     return counter.get_total_flops() + attention
 
 
-def bench_train(base, rounds: int, log, peak: dict, batch: int = BATCH, seq: int = SEQ) -> dict:
+def product_setting(device: torch.device) -> tuple[str, str]:
+    """(precision, eager or compiled) that `preproj train` picks by default on `device`."""
+    chosen = precision_for("auto", device)
+    return chosen.name, "compiled" if wants_compile(None, device, bf16=chosen.uses_bf16) else "eager"
+
+
+TRAIN_SETTINGS = [  # (method, precision, mode); the product's own setting is added if it is not among them
+    ("preproj+skip", "bf16-mixed", "eager"), ("preproj+skip", "bf16-mixed", "compiled"),
+    ("preproj+skip", "bf16-frozen", "eager"), ("preproj+skip", "bf16-frozen", "compiled"),
+    ("preproj+skip", "fp32", "eager"), ("preproj+skip", "fp32", "compiled"),
+]
+
+
+def bench_train(base, rounds: int, log, peak: dict, batch: int = BATCH, seq: int = SEQ,
+                settings: list[tuple[str, str, str]] = TRAIN_SETTINGS) -> dict:
     """`peak`: {"bf16": (shape, flop_per_s), "fp32": ...} from matmul_peak. The peak product runs in every
     round next to the steps, and each round's MFU divides by that round's peak: a machine that slows
-    down for a while slows both."""
+    down for a while slows both. LoRA and the bare base run in the product's setting (what `preproj train` picks
+    here by default), as preproj+skip does in every setting; the naive float32 loop is the bar."""
     ids = torch.randint(0, base.config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0)).to(DEVICE)
-    setups = {m: training_setup(base, m) for m in ("preproj+skip", "lora", "base")}
-    steps, flops = {}, {}
-    for (method, (model, opt)) in setups.items():
-        for precision in ("bf16", "fp32"):
-            steps[f"{method}/{precision}"] = lambda m=model, o=opt, p=precision: train_step(m, o, ids, p)
-        flops[method] = step_flops(model, opt, ids, "bf16")
-        log(f"  {method}: {flops[method] / 1e9:.0f} GFLOP per step of {ids.numel()} tokens")
-    # `preproj train --attn-implementation eager`, for reference (not a target): same model FLOPs
-    eager, eager_opt = training_setup(base, "preproj+skip")
-    eager.set_attn_implementation("eager")
-    steps["preproj+skip/bf16/eager"] = lambda: train_step(eager, eager_opt, ids, "bf16")
+    product = product_setting(DEVICE)
+    settings = list(dict.fromkeys([*settings, *((m, *product) for m in ("preproj+skip", "lora", "base"))]))
+    steps, flops, holds = {}, {}, contextlib.ExitStack()
+    for method, precision, mode in settings:
+        weights = precision_for(precision).weights
+        model, opt = training_setup(base, method, weights)
+        if method not in flops:
+            flops[method] = step_flops(model, opt, ids, "fp32")  # FLOPs do not depend on the dtype
+            log(f"  {method}: {flops[method] / 1e9:.0f} GFLOP per step of {ids.numel()} tokens")
+        if mode == "compiled":
+            holds.enter_context(compiled_blocks(model, True, DEVICE))
+        key = f"{method}/{precision}/{mode}"
+        steps[key] = lambda m=model, o=opt, p=precision: train_step(m, o, ids, p)
+        start = time.perf_counter()
+        steps[key]()  # the warm-up call: for a compiled setting, the compile
+        log(f"  {key:<32} first step {time.perf_counter() - start:6.1f} s")
+    naive = naive_setup(base)
+    steps["naive/fp32/eager"] = lambda: naive(ids)
+    flops["naive"] = flops["preproj+skip"]  # the same matmuls, run the slow way
     peak_flops = {}
     for dtype, (shape, flop_per_s) in peak.items():
         steps[f"peak/{dtype}"], peak_flops[dtype] = peak_workload(getattr(torch, DTYPES[dtype]), shape, flop_per_s)
     log(f"  timing {len(steps)} configurations x {rounds} rounds ...")
-    times = interleaved_times(steps, rounds)
+    with holds:
+        times = interleaved_times(steps, rounds)
     peak_rounds = {dtype: [peak_flops[dtype] / t for t in times.pop(f"peak/{dtype}")] for dtype in peak}
     rows = {}
     for key, t in times.items():
         s = statistics.median(t)
-        method, precision, *attention = key.split("/")
-        mfu = statistics.median(flops[method] / ti / p for ti, p in zip(t, peak_rounds[precision]))
-        rows[key] = {"method": method, "precision": precision, "attention": attention[0] if attention else "sdpa",
-                     "step_s": s, "tokens_per_s": ids.numel() / s, "flops_per_step": flops[method],
+        method, precision, mode = key.split("/")
+        dtype = "fp32" if precision == "fp32" else "bf16"
+        mfu = statistics.median(flops[method] / ti / p for ti, p in zip(t, peak_rounds[dtype]))
+        rows[key] = {"method": method, "precision": precision, "mode": mode, "step_s": s,
+                     "tokens_per_s": ids.numel() / s, "flops_per_step": flops[method],
                      "flop_per_s": flops[method] / s, "mfu": mfu, "round_seconds": t}
-        log(f"  {key:<24} {s:6.2f} s/step  {ids.numel() / s:6.0f} tok/s  "
+        log(f"  {key:<32} {s:6.2f} s/step  {ids.numel() / s:6.0f} tok/s  "
             f"{flops[method] / s / 1e9:6.1f} GFLOP/s  MFU {mfu:.0%}")
-    trainable = {m: sum(p.numel() for p in model.parameters() if p.requires_grad) for m, (model, _) in setups.items()}
-    ratios = {"step_vs_lora": paired_ratio(times, "preproj+skip/bf16", "lora/bf16"),
-              "bf16_speedup": paired_ratio(times, "preproj+skip/fp32", "preproj+skip/bf16")}
+    models = {"preproj+skip": "preproj+skip", "lora": "lora", "base": "base"}
+    trainable = {m: sum(p.numel() for p in training_setup(base, m)[0].parameters() if p.requires_grad)
+                 for m in models}
+    mine = "/".join(product)
+    ratios = {"vs_naive_fp32": paired_ratio(times, "naive/fp32/eager", f"preproj+skip/{mine}"),
+              "step_vs_lora": paired_ratio(times, f"preproj+skip/{mine}", f"lora/{mine}"),
+              "step_vs_base": paired_ratio(times, f"preproj+skip/{mine}", f"base/{mine}"),
+              "bf16_speedup": paired_ratio(times, "preproj+skip/fp32/eager", f"preproj+skip/{mine}")}
     peaks = {f"{dtype}_flop_per_s": statistics.median(p) for dtype, p in peak_rounds.items()}
-    return {"batch": batch, "seq_len": seq, "rows": rows, "paired_ratios": ratios, "peak_in_rounds": peaks,
-            "trainable_params": trainable}
+    return {"batch": batch, "seq_len": seq, "product": mine, "rows": rows, "paired_ratios": ratios,
+            "module_flop_share": (flops["preproj+skip"] - flops["base"]) / flops["base"],
+            "peak_in_rounds": peaks, "trainable_params": trainable}
 
 
 def bench_head(base, rounds: int, log, batch: int = BATCH, seq: int = SEQ) -> dict:
@@ -225,7 +279,8 @@ def bench_head(base, rounds: int, log, batch: int = BATCH, seq: int = SEQ) -> di
         (hidden.float() * direction).sum().backward()
         optimizer.zero_grad(set_to_none=True)
 
-    steps = {f"{part}/{precision}": (lambda p=precision: train_step(model, optimizer, ids, p)) if part == "step"
+    steps = {f"{part}/{precision}": (lambda p=precision: train_step(model, optimizer, ids, PRECISION_OF[p]))
+             if part == "step"
              else (lambda p=precision: body_step(p)) for part in ("step", "body") for precision in ("fp32", "bf16")}
     with FlopCounterMode(display=False) as whole:
         train_step(model, optimizer, ids, "fp32")
@@ -242,6 +297,160 @@ def bench_head(base, rounds: int, log, batch: int = BATCH, seq: int = SEQ) -> di
     return {"batch": batch, "seq_len": seq, "vocab": base.config.vocab_size, "flop_share": flop_share,
             "head_flops": head_flops, "step_flops": whole.get_total_flops(), "time_share": shares,
             "round_seconds": times}
+
+
+# --- profile: where a step's time goes ---------------------------------------------------------------
+
+GEMMS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
+ELEMENTWISE = ("pow", "rsqrt", "mean", "silu", "gelu", "sigmoid", "mul", "add", "sub", "div", "neg", "cat", "cos",
+               "sin", "exp", "sum", "where", "masked_fill", "softmax", "embedding", "index", "gather", "amax", "log")
+CATEGORIES = ("GEMMs", "attention", "norms, RoPE, activations, residual adds", "compiled kernels (fused)",
+              "dtype casts", "loss (LM head and softmax)", "optimizer (clipping, AdamW)", "other ops",
+              "Python and dispatch (wall time not in any op)")
+
+
+def category(event, ancestors: list[str]) -> str:
+    name = event.name
+    if "preproj::optimizer" in ancestors:
+        return "optimizer (clipping, AdamW)"
+    if any(a.startswith("LinearCrossEntropy") for a in ancestors) or name.startswith("LinearCrossEntropy"):
+        return "loss (LM head and softmax)"
+    if name in GEMMS:
+        return "GEMMs"
+    if "scaled_dot_product" in name or "flash_attention" in name:
+        return "attention"
+    if "cpp_fused" in name or "Compiled" in name or name.startswith("graph_"):
+        return "compiled kernels (fused)"
+    if name in ("aten::copy_", "aten::_to_copy", "aten::to"):
+        return "dtype casts"
+    if name.startswith("aten::") and any(name.removeprefix("aten::").rstrip("_").startswith(e) for e in ELEMENTWISE):
+        return "norms, RoPE, activations, residual adds"
+    return "other ops"
+
+
+def gemm_alone(shape_a: list[int], shape_b: list[int], dtype: torch.dtype, calls: int = 20) -> float:
+    """FLOP/s of the product a @ b alone, in a loop."""
+    a, b = torch.randn(*shape_a, dtype=dtype, device=DEVICE), torch.randn(*shape_b, dtype=dtype, device=DEVICE)
+    torch.mm(a, b)
+    synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        torch.mm(a, b)
+    synchronize()
+    return 2 * shape_a[0] * shape_a[1] * shape_b[1] * calls / (time.perf_counter() - start)
+
+
+def profile_table(fn, label: str, dtype: str, log) -> dict:
+    """One call of `fn` under torch.profiler (after two warm-up calls): seconds by category, and the GEMMs by shape
+    with the FLOP/s each reached against the same product run alone in `dtype` (bf16 or fp32, the GEMMs' dtype)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    fn()
+    synchronize()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        fn()
+        synchronize()
+    wall = time.perf_counter() - start
+    seconds = dict.fromkeys(CATEGORIES, 0.0)
+    gemms: dict[tuple, dict] = {}
+    for event in prof.events():
+        if event.device_type.name != "CPU" or event.thread != prof.events()[0].thread:
+            continue  # only the main thread's events: intra-op worker threads run inside their caller's time
+        ancestors, parent = [], event.cpu_parent
+        while parent is not None:
+            ancestors.append(parent.name)
+            parent = parent.cpu_parent
+        self_s = event.self_cpu_time_total / 1e6
+        where = category(event, ancestors)
+        seconds[where] += self_s
+        if where == "GEMMs" and event.name == "aten::mm" and len(event.input_shapes) >= 2:
+            a, b = event.input_shapes[:2]
+            key = (tuple(a), tuple(b), dtype)
+            row = gemms.setdefault(key, {"calls": 0, "seconds": 0.0})
+            row["calls"] += 1
+            row["seconds"] += self_s
+    counted = sum(seconds.values())
+    seconds["Python and dispatch (wall time not in any op)"] = max(0.0, wall - counted)
+    gemm_rows = []
+    for (a, b, dtype), row in sorted(gemms.items(), key=lambda kv: -kv[1]["seconds"])[:12]:
+        flops = 2 * a[0] * a[1] * b[1] * row["calls"]
+        alone = gemm_alone(list(a), list(b), getattr(torch, DTYPES[dtype]))
+        gemm_rows.append({"a": list(a), "b": list(b), "dtype": dtype, "calls": row["calls"], "seconds": row["seconds"],
+                          "flop_per_s": flops / max(row["seconds"], 1e-12), "alone_flop_per_s": alone})
+    log(f"  {label}: {wall:.2f} s; " + ", ".join(f"{k.split(' (')[0]} {v / wall:.0%}" for k, v in seconds.items()
+                                                   if v / wall >= 0.02))
+    return {"label": label, "wall_seconds": wall, "seconds": seconds, "gemms": gemm_rows}
+
+
+def bench_profile(base, tokenizer, data: Path | None, log) -> dict:
+    """A training step (the product's setting, and the same eager) and an evaluation batch, each op timed."""
+    from preproj.evaluation.engine import LogLikelihood
+
+    ids = torch.randint(0, base.config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    precision, mode = product_setting(DEVICE)
+    tables = []
+    model, opt = training_setup(base, "preproj+skip", precision_for(precision).weights)
+    dtype = "fp32" if precision == "fp32" else "bf16"
+
+    def step() -> None:
+        train_step(model, opt, ids, precision)
+
+    tables.append(profile_table(step, f"train step, {precision}, eager", dtype, log))
+    if mode == "compiled":
+        with compiled_blocks(model, True, DEVICE):
+            tables.append(profile_table(step, f"train step, {precision}, compiled", dtype, log))
+    scorer = LogLikelihood(attach(copy.deepcopy(base), PreProjConfig()).eval(), tokenizer, precision="fp32",
+                           progress=False)
+    g = torch.Generator().manual_seed(2)
+    pairs = [(torch.randint(0, base.config.vocab_size, (120,), generator=g).tolist(),
+              torch.randint(0, base.config.vocab_size, (3,), generator=g).tolist()) for _ in range(8)]
+    tables.append(profile_table(lambda: scorer(pairs), "evaluation batch (8 x 123 tokens), fp32", "fp32", log))
+    return {"batch": BATCH, "seq_len": SEQ, "cpu": cpu_name(), "tables": tables}
+
+
+def cpu_name() -> str:
+    """The CPU's model name and its matrix extensions (lscpu), which decide what bf16 costs."""
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return "unknown"
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("Flags")), [])
+    extensions = [f for f in ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2") if f in flags]
+    return f"{model} ({', '.join(extensions)})"
+
+
+def bench_isa(model_name: str, data: str | None, log) -> dict:
+    """Which oneDNN kernels run the bf16 training step's GEMMs (ONEDNN_VERBOSE), and the step with AMX against the
+    same step with oneDNN held to AVX-512 bf16 (ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16), each in fresh processes,
+    alternating."""
+    def child_run(env: dict) -> dict:
+        proc = subprocess.run([sys.executable, __file__, "--child", "step", "--model", model_name, "--device", "cpu"],
+                              capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1", **env},
+                              check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"isa child failed:\n{proc.stderr[-2000:]}")
+        return {"out": proc.stdout, "result": json.loads(proc.stdout.strip().splitlines()[-1])}
+
+    verbose = child_run({"ONEDNN_VERBOSE": "1", "PREPROJ_CHILD_STEPS": "1"})["out"]
+    impls: dict[str, dict[str, int]] = {}
+    for line in verbose.splitlines():
+        parts = line.split(",")
+        if len(parts) > 12 and parts[2] == "primitive" and parts[3] == "exec" and parts[5] == "matmul":
+            shapes = parts[-2]
+            impls.setdefault(parts[6], {})
+            impls[parts[6]][shapes] = impls[parts[6]].get(shapes, 0) + 1
+    for impl, shapes in impls.items():
+        log(f"  {impl}: {sum(shapes.values())} matmul calls, {len(shapes)} shapes")
+    times = {"default": [], "avx512_core_bf16": []}
+    for _ in range(2):
+        for name, env in (("default", {}), ("avx512_core_bf16", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"})):
+            times[name] += child_run(env)["result"]["step_seconds"]
+    ratio = statistics.median(times["avx512_core_bf16"]) / statistics.median(times["default"])
+    log(f"  step with oneDNN held to AVX-512 bf16 / default: {ratio:.2f}")
+    return {"matmul_kernels": impls, "step_seconds": times, "avx512_over_default": ratio}
 
 
 # --- generate, kv ----------------------------------------------------------------------------------
@@ -355,6 +564,18 @@ def child(job: str, model_name: str, data: str | None) -> None:
             train(TrainArgs(model=model_name, out=tmp + "/run", data_dir=data, steps=4, eval_every=4, save_every=4,
                             device=str(DEVICE)),
                   progress=False)
+    elif job == "step":  # eager preproj+skip steps in the product's precision, for bench_isa
+        precision = product_setting(DEVICE)[0]
+        base, _ = load_model(model_name, device=DEVICE)
+        model, opt = training_setup(base, "preproj+skip", precision_for(precision).weights)
+        ids = torch.randint(0, base.config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+        seconds = []
+        for _ in range(int(os.environ.get("PREPROJ_CHILD_STEPS", "4"))):
+            start = time.perf_counter()
+            train_step(model, opt, ids, precision)
+            seconds.append(time.perf_counter() - start)
+        print(json.dumps({"step_seconds": seconds[1:] or seconds}))
+        return
     elif job == "eval":
         from preproj.evaluation import evaluate
 
@@ -400,9 +621,12 @@ def bench_memory(model_name: str, data: Path, log) -> dict:
 def figures(r: dict) -> dict[str, float]:
     f = {}
     if "train" in r:
-        f["train_mfu_bf16"] = r["train"]["rows"]["preproj+skip/bf16"]["mfu"]
-        f["train_step_vs_lora"] = r["train"]["paired_ratios"]["step_vs_lora"]
-        f["bf16_speedup"] = r["train"]["paired_ratios"]["bf16_speedup"]
+        t = r["train"]
+        f["vs_naive_fp32"] = t["paired_ratios"]["vs_naive_fp32"]
+        if t["product"].split("/")[0] != "fp32":
+            f["train_mfu_bf16"] = t["rows"][f"preproj+skip/{t['product']}"]["mfu"]
+        f["train_step_vs_base"] = t["paired_ratios"]["step_vs_base"]
+        f["train_step_vs_lora"] = t["paired_ratios"]["step_vs_lora"]
     if "generate" in r:
         f["generation_overhead"] = max(row["ratio"] for row in r["generate"]["rows"].values())
     if "kv" in r:
@@ -411,12 +635,51 @@ def figures(r: dict) -> dict[str, float]:
         f["eval_vs_harness"] = r["eval"]["ratio"]
     if "eval_adapters" in r:
         f["eval_adapter_overhead"] = r["eval_adapters"]["worst"]
+    if "memory" in r:
+        f["train_memory_gib"] = r["memory"]["peak_rss_bytes"]["train"] / 2**30
     return f
 
 
-def met(name: str, value: float) -> bool:
-    op, bound, _ = TARGETS[name]
+def bounds(r: dict) -> dict[str, float]:
+    """Every target's bound; those that depend on the model come from the run itself."""
+    b = {name: bound for name, (_, bound, _) in TARGETS.items() if bound is not None}
+    if "train" in r:
+        b["train_step_vs_base"] = 1 + 1.1 * r["train"]["module_flop_share"]
+    if "generate" in r:
+        b["generation_overhead"] = r["generate"]["flop_ratio"]
+    return b
+
+
+def targets(r: dict) -> dict[str, dict]:
+    """Each target the run measured: what it says, the value, the bound and whether it is met."""
+    limit = bounds(r)
+    return {name: {"what": TARGETS[name][2], "value": value, "op": TARGETS[name][0], "bound": limit[name],
+                   "met": met(name, value, limit[name])} for name, value in figures(r).items()}
+
+
+def met(name: str, value: float, bound: float) -> bool:
+    op = TARGETS[name][0]
     return {">=": value >= bound, "<=": value <= bound, "==": value == bound}[op]
+
+
+def format_profile(p: dict) -> str:
+    """The profile as markdown: one table of categories per profiled call, then each call's GEMMs by shape."""
+    tables = p["tables"]
+    lines = ["", f"Where the time goes (torch.profiler, one call each; CPU: {p['cpu']})", "",
+             "| part | " + " | ".join(t["label"] for t in tables) + " |", "|---" * (len(tables) + 1) + "|"]
+    for part in CATEGORIES:
+        cells = [f"{t['seconds'][part]:.3f} s ({t['seconds'][part] / t['wall_seconds']:.0%})" for t in tables]
+        lines.append(f"| {part} | " + " | ".join(cells) + " |")
+    lines.append("| whole call | " + " | ".join(f"{t['wall_seconds']:.3f} s" for t in tables) + " |")
+    for t in tables:
+        lines += ["", f"GEMMs of the {t['label']} (aten::mm, the largest first)", "",
+                  "| a | b | dtype | calls | seconds | GFLOP/s | alone | in context / alone |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for g in t["gemms"]:
+            lines.append(f"| {'x'.join(map(str, g['a']))} | {'x'.join(map(str, g['b']))} | {g['dtype']} | "
+                         f"{g['calls']} | {g['seconds']:.3f} | {g['flop_per_s'] / 1e9:.0f} | "
+                         f"{g['alone_flop_per_s'] / 1e9:.0f} | {g['flop_per_s'] / g['alone_flop_per_s']:.2f} |")
+    return "\n".join(lines)
 
 
 def format_table(r: dict) -> str:
@@ -426,12 +689,12 @@ def format_table(r: dict) -> str:
         lines += ["", f"Training step, batch {r['train']['batch']} x seq {r['train']['seq_len']} "
                       f"(matmul peak in the same rounds: bf16 {peak['bf16_flop_per_s'] / 1e9:.0f}, "
                       f"fp32 {peak['fp32_flop_per_s'] / 1e9:.0f} GFLOP/s)",
-                  "| method | precision | attention | step (s) | tokens/s | GFLOP/s | MFU |",
+                  "| method | precision | mode | step (s) | tokens/s | GFLOP/s | MFU |",
                   "|---|---|---|---|---|---|---|"]
-        for row in r["train"]["rows"].values():
-            mfu = row["mfu"]
-            lines.append(f"| {row['method']} | {row['precision']} | {row['attention']} | {row['step_s']:.2f} | "
-                         f"{row['tokens_per_s']:.0f} | {row['flop_per_s'] / 1e9:.0f} | {mfu:.0%} |")
+        for key, row in r["train"]["rows"].items():
+            mine = " (default here)" if key.split("/", 1)[1] == r["train"]["product"] else ""
+            lines.append(f"| {row['method']} | {row['precision']} | {row['mode']}{mine} | {row['step_s']:.2f} | "
+                         f"{row['tokens_per_s']:.0f} | {row['flop_per_s'] / 1e9:.0f} | {row['mfu']:.0%} |")
     if "generate" in r:
         g = r["generate"]
         lines += ["", f"Greedy generation, {g['prompt_tokens']}-token prompt + {g['new_tokens']} tokens "
@@ -456,6 +719,12 @@ def format_table(r: dict) -> str:
                   "| method | adapter (s) | base (s) | ratio |", "|---|---|---|---|"]
         for name, row in r["eval_adapters"]["rows"].items():
             lines.append(f"| {name} | {row['adapter_s']:.1f} | {row['base_s']:.1f} | {row['ratio']:.2f} |")
+    if "profile" in r:
+        lines.append(format_profile(r["profile"]))
+    if "isa" in r:
+        lines += ["", "oneDNN matmul kernels in a bf16 training step (ONEDNN_VERBOSE): "
+                  + "; ".join(f"{impl} {sum(s.values())} calls" for impl, s in r["isa"]["matmul_kernels"].items()),
+                  f"Step time with oneDNN held to AVX-512 bf16 / default: {r['isa']['avx512_over_default']:.2f}"]
     if "memory" in r:
         rss = r["memory"]["peak_rss_bytes"]
         lines += ["", "Peak resident memory: " + ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in rss.items())]
@@ -475,6 +744,9 @@ def main() -> None:
     parser.add_argument("--only", default="peak,train,generate,kv,eval,eval_adapters,memory",
                         help="comma-separated sections; also head (the LM head's share of a training step)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per figure")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile a training step and an evaluation batch op by op (torch.profiler), and show "
+                             "which oneDNN kernels run the GEMMs; alone, or with the sections --only names")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per generation call")
     parser.add_argument("--harness-batch-size", type=int, default=16)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -487,10 +759,12 @@ def main() -> None:
     from preproj.data import resolve_data_dir
 
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
-    unknown = set(sections) - {"peak", "train", "head", "generate", "kv", "eval", "eval_adapters", "memory"}
+    if args.profile:
+        sections = [*sections, "profile", "isa"] if args.only != parser.get_default("only") else ["profile", "isa"]
+    known = {"peak", "train", "head", "generate", "kv", "eval", "eval_adapters", "memory", "profile", "isa"}
+    unknown = set(sections) - known
     if unknown:
-        raise SystemExit(f"Unknown sections {sorted(unknown)}; choose from peak,train,head,generate,kv,eval,"
-                         "eval_adapters,memory.")
+        raise SystemExit(f"Unknown sections {sorted(unknown)}; choose from {','.join(sorted(known))}.")
     data = resolve_data_dir(args.data_dir)
     if data is None and {"eval", "eval_adapters", "memory"} & set(sections):
         raise SystemExit("The eval and memory sections need the data: set --data-dir or PREPROJ_DATA_DIR "
@@ -500,12 +774,12 @@ def main() -> None:
     def log(msg: str) -> None:
         print(f"[{time.monotonic() - wall:6.0f}s] {msg}", flush=True)
 
-    log(f"loading {args.model}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    log(f"loading {args.model}; torch {torch.__version__}, {torch.get_num_threads()} threads, CPU {cpu_name()}")
     base, tokenizer = load_model(args.model, device=DEVICE)
     base.eval()
     d, ffn = base.config.hidden_size, getattr(base.config, "intermediate_size", 4 * base.config.hidden_size)
-    r = {"model": args.model, "device": str(DEVICE), "torch": torch.__version__, "threads": torch.get_num_threads(),
-         "rounds": args.rounds}
+    r = {"model": args.model, "device": str(DEVICE), "cpu": cpu_name(), "torch": torch.__version__,
+         "threads": torch.get_num_threads(), "rounds": args.rounds}
 
     if "peak" in sections or "train" in sections:
         log("peak: matmul roofline")
@@ -534,12 +808,17 @@ def main() -> None:
     if "eval_adapters" in sections:
         log("eval_adapters: each method's saved adapter evaluated standalone vs the base")
         r["eval_adapters"] = bench_eval_adapters(base, tokenizer, data, args.rounds, log)
+    if "profile" in sections:
+        log("profile: one training step and one evaluation batch under torch.profiler")
+        r["profile"] = bench_profile(base, tokenizer, data, log)
+    if "isa" in sections and DEVICE.type == "cpu":
+        log("isa: oneDNN's matmul kernels (ONEDNN_VERBOSE) and AMX against AVX-512 bf16")
+        r["isa"] = bench_isa(args.model, args.data_dir, log)
     if "memory" in sections:
         log("memory: peak RSS of fresh processes")
         r["memory"] = bench_memory(args.model, data, log)
 
-    r["targets"] = {name: {"what": TARGETS[name][2], "value": value, "op": TARGETS[name][0], "bound": TARGETS[name][1],
-                           "met": met(name, value)} for name, value in figures(r).items()}
+    r["targets"] = targets(r)
     r["wall_seconds"] = time.monotonic() - wall
     write_json(args.out, r)
     print(format_table(r))

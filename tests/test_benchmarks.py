@@ -28,10 +28,15 @@ def bench():
 def test_train_section_counts_exactly_the_matmuls_a_frozen_probe_needs(bench):
     base = tiny_model("llama")  # d=64, 3 layers, pre-projection width 80
     peak = {"bf16": ((64, 64, 64), 1e9), "fp32": ((64, 64, 64), 1e9)}
-    r = bench.bench_train(base, rounds=1, log=lambda msg: None, peak=peak, batch=2, seq=16)
+    # The suite runs eager (PREPROJ_COMPILE=0), so the product's setting here is auto's precision, eager.
+    settings = [("preproj+skip", "fp32", "eager"), ("preproj+skip", "bf16-frozen", "eager")]
+    r = bench.bench_train(base, rounds=1, log=lambda msg: None, peak=peak, batch=2, seq=16, settings=settings)
     rows, tokens = r["rows"], 2 * 16
-    assert set(rows) == {f"{m}/{p}" for m in ("preproj+skip", "lora", "base") for p in ("bf16", "fp32")} \
-        | {"preproj+skip/bf16/eager"}
+    product = r["product"]
+    assert product.endswith("/eager")
+    assert set(rows) == {"preproj+skip/fp32/eager", "preproj+skip/bf16-frozen/eager", "naive/fp32/eager"} \
+        | {f"{m}/{product}" for m in ("preproj+skip", "lora", "base")}
+    assert set(r["paired_ratios"]) == {"vs_naive_fp32", "step_vs_lora", "step_vs_base", "bf16_speedup"}
     assert all(row["step_s"] > 0 and row["tokens_per_s"] > 0 and row["mfu"] > 0 for row in rows.values())
     assert set(r["peak_in_rounds"]) == {"bf16_flop_per_s", "fp32_flop_per_s"}
     d, h = 64, 80
@@ -39,8 +44,9 @@ def test_train_section_counts_exactly_the_matmuls_a_frozen_probe_needs(bench):
     assert adapter == 3 * (2 * d * h + d * d)
     # Over the bare base's step, the adapter adds forward (2N), input-gradient (2N) and weight-gradient (2N)
     # matmuls per token, except the input gradient of layer 0's W_up: nothing below it trains.
-    extra = rows["preproj+skip/bf16"]["flops_per_step"] - rows["base/bf16"]["flops_per_step"]
+    extra = rows[f"preproj+skip/{product}"]["flops_per_step"] - rows[f"base/{product}"]["flops_per_step"]
     assert extra == tokens * (6 * adapter - 2 * d * h)
+    assert r["module_flop_share"] == extra / rows[f"base/{product}"]["flops_per_step"]
     assert base.model.layers[0].self_attn.__class__.__name__ != "PreProjAttention"  # the base was copied, not changed
 
 
@@ -68,9 +74,9 @@ def test_generate_kv_and_the_targets_table(bench):
     assert kv["ratio"] == 1.0 and kv["base_bytes"] > 0
 
     r = {"generate": g, "kv": kv}
-    r["targets"] = {n: {"what": bench.TARGETS[n][2], "value": v, "op": bench.TARGETS[n][0],
-                        "bound": bench.TARGETS[n][1], "met": bench.met(n, v)} for n, v in bench.figures(r).items()}
+    r["targets"] = bench.targets(r)
     assert r["targets"]["kv_cache_ratio"]["met"]
+    assert r["targets"]["generation_overhead"]["bound"] == g["flop_ratio"]  # the FLOP ratio is the bound
     table = bench.format_table(r)
     assert "K/V cache" in table and "float32/batch8" in table
 
@@ -87,3 +93,21 @@ def test_eval_adapters_section_times_every_method_standalone(bench, monkeypatch)
     assert all(row["ratio"] > 0 and row["adapter_s"] > 0 for row in r["rows"].values())
     assert r["worst"] == max(row["ratio"] for row in r["rows"].values())
     assert "eval_adapter_overhead" in bench.figures({"eval_adapters": r})
+
+
+def test_profile_section_accounts_for_the_whole_call(bench):
+    from conftest import CharTokenizer
+
+    base = tiny_model("llama").eval()
+    r = bench.bench_profile(base, CharTokenizer(), None, log=lambda msg: None)
+    labels = [t["label"] for t in r["tables"]]
+    assert labels[0].startswith("train step") and labels[-1].startswith("evaluation batch")
+    for t in r["tables"]:
+        assert set(t["seconds"]) == set(bench.CATEGORIES)
+        # every category is a share of the one profiled call, and together they are that call
+        assert all(v >= 0 for v in t["seconds"].values())
+        assert sum(t["seconds"].values()) == pytest.approx(t["wall_seconds"], rel=0.05)
+        assert t["seconds"]["GEMMs"] > 0 and all(g["calls"] > 0 and g["alone_flop_per_s"] > 0 for g in t["gemms"])
+    assert r["tables"][0]["seconds"]["optimizer (clipping, AdamW)"] > 0
+    assert r["tables"][0]["seconds"]["loss (LM head and softmax)"] > 0
+    assert "| GEMMs |" in bench.format_profile(r) and r["cpu"]
