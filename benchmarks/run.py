@@ -1,6 +1,7 @@
 """Speed and memory of preproj on the embedded model, as ratios measured side by side in one run.
 
     python benchmarks/run.py [--model smollm2-135m] [--out benchmarks/results/bench.json] [--only train,generate,...]
+    python benchmarks/run.py --profile      # where a step's time goes, op by op, and which kernels run the GEMMs
 
 Sections (each prints as it goes; the table and the targets come at the end; JSON goes to --out):
 
@@ -8,9 +9,11 @@ Sections (each prints as it goes; the table and the targets come at the end; JSO
             products; the train section runs that product in every round next to the steps
   head      the LM head and loss's share of a frozen-probe training step (time, side by side; FLOPs)
   train     one frozen-probe training step (batch 4 x seq 256: autocast, fused loss, backward, clip,
-            AdamW) for preproj+skip, parameter-matched LoRA and the bare base (a frozen base whose
-            embedding output requires grad, so backward runs through every layer as for any adapter),
-            in bf16 autocast and fp32; also preproj+skip in bf16 with eager attention, for reference.
+            AdamW): preproj+skip in bf16-mixed, bf16-frozen and fp32, each eager and compiled; parameter-
+            matched LoRA and the bare base (a frozen base whose embedding output requires grad, so backward
+            runs through every layer as for any adapter) in the setting `preproj train` picks here by
+            default; the naive fp32 loop a user writes without preproj (wrapper modules, torch's AdamW, the
+            model's own loss), the bar; and compiled bf16-frozen with eager attention, for reference.
             FLOPs: the matmuls torch actually ran (FlopCounterMode) plus attention at 12 L T d per
             token (nanoGPT's convention; FlopCounterMode does not count the CPU flash kernel).
             MFU = FLOP/s over the peak of the same dtype in the same round (median over rounds).
@@ -19,6 +22,11 @@ Sections (each prints as it goes; the table and the targets come at the end; JSO
   eval      `preproj eval` time over lm-evaluation-harness HFLM time, same items, model and dtype
   memory    peak resident memory of a 4-step `preproj train` run and of a `preproj eval` run, each in
             a fresh process, next to the resident memory of just loading the model
+  profile   (--profile) one training step, eager and in the default setting, and one evaluation batch
+            under torch.profiler: seconds in GEMMs (by shape, against the same product alone), attention,
+            elementwise ops, compiled kernels, casts, the loss, the optimizer and Python
+  isa       (--profile, CPU) the oneDNN kernel of every GEMM in a bf16 step (ONEDNN_VERBOSE), and the
+            step with oneDNN held to AVX-512 bf16 (ONEDNN_MAX_CPU_ISA) against the default: what AMX adds
 
 Rounds are interleaved (A B C, A B C, ...); times are medians over rounds and each ratio is the
 median of the per-round ratios, so a machine that slows down mid-run slows every contender alike.
@@ -103,10 +111,13 @@ def paired_ratio(times: dict[str, list[float]], num: str, den: str) -> float:
 
 # --- peak ----------------------------------------------------------------------------------------
 
-def matmul_peak(dtype: torch.dtype, d: int, ffn: int, seconds: float = 1.0) -> tuple[float, tuple[int, int, int]]:
-    """(FLOP/s, shape) of the fastest of several large products in `dtype`: square ones and the model's own."""
+def matmul_peak(dtype: torch.dtype, shapes: list[tuple[int, int, int]] | None = None,
+                seconds: float = 1.0) -> tuple[float, tuple[int, int, int]]:
+    """(FLOP/s, shape) of the fastest of `shapes` in `dtype`; by default large square products, the peak MFU is
+    measured against. (A model-shaped product repeated alone can beat it: its operands stay in cache, which they
+    do not in a training step.)"""
     sizes = (1024, 2048, 3072) + ((8192,) if DEVICE.type == "cuda" else ())  # a GPU needs large products to peak
-    shapes = [(n, n, n) for n in sizes] + [(BATCH * SEQ, d, d), (BATCH * SEQ, d, ffn), (BATCH * SEQ, ffn, d)]
+    shapes = shapes or [(n, n, n) for n in sizes]
     best = (0.0, shapes[0])
     for m, k, n in shapes:
         a, b = torch.randn(m, k, dtype=dtype, device=DEVICE), torch.randn(k, n, dtype=dtype, device=DEVICE)
@@ -200,6 +211,7 @@ TRAIN_SETTINGS = [  # (method, precision, mode); the product's own setting is ad
     ("preproj+skip", "bf16-mixed", "eager"), ("preproj+skip", "bf16-mixed", "compiled"),
     ("preproj+skip", "bf16-frozen", "eager"), ("preproj+skip", "bf16-frozen", "compiled"),
     ("preproj+skip", "fp32", "eager"), ("preproj+skip", "fp32", "compiled"),
+    ("preproj+skip", "bf16-frozen", "compiled, eager attention"),  # `--attn-implementation eager`, for reference
 ]
 
 
@@ -219,7 +231,9 @@ def bench_train(base, rounds: int, log, peak: dict, batch: int = BATCH, seq: int
         if method not in flops:
             flops[method] = step_flops(model, opt, ids, "fp32")  # FLOPs do not depend on the dtype
             log(f"  {method}: {flops[method] / 1e9:.0f} GFLOP per step of {ids.numel()} tokens")
-        if mode == "compiled":
+        if mode.endswith("eager attention"):
+            (model.get_base_model() if hasattr(model, "get_base_model") else model).set_attn_implementation("eager")
+        if mode.startswith("compiled"):
             holds.enter_context(compiled_blocks(model, True, DEVICE))
         key = f"{method}/{precision}/{mode}"
         steps[key] = lambda m=model, o=opt, p=precision: train_step(m, o, ids, p)
@@ -731,7 +745,8 @@ def format_table(r: dict) -> str:
     if r["targets"]:
         lines += ["", "| target | measured | bound | met |", "|---|---|---|---|"]
         for t in r["targets"].values():
-            lines.append(f"| {t['what']} | {t['value']:.3f} | {t['op']} {t['bound']} | {'yes' if t['met'] else 'NO'} |")
+            bound = f"{t['op']} {round(t['bound'], 3):g}"
+            lines.append(f"| {t['what']} | {t['value']:.3f} | {bound} | {'yes' if t['met'] else 'NO'} |")
     return "\n".join(lines)
 
 
@@ -741,8 +756,9 @@ def main() -> None:
     parser.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps")
     parser.add_argument("--data-dir", default=None, help="default: $PREPROJ_DATA_DIR")
     parser.add_argument("--out", default="benchmarks/results/bench.json")
-    parser.add_argument("--only", default="peak,train,generate,kv,eval,eval_adapters,memory",
-                        help="comma-separated sections; also head (the LM head's share of a training step)")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated sections (default: peak,train,generate,kv,eval,eval_adapters,memory; "
+                             "with --profile, none); also head (the LM head's share of a training step)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per figure")
     parser.add_argument("--profile", action="store_true",
                         help="profile a training step and an evaluation batch op by op (torch.profiler), and show "
@@ -758,9 +774,8 @@ def main() -> None:
 
     from preproj.data import resolve_data_dir
 
-    sections = [s.strip() for s in args.only.split(",") if s.strip()]
-    if args.profile:
-        sections = [*sections, "profile", "isa"] if args.only != parser.get_default("only") else ["profile", "isa"]
+    only = args.only or ("" if args.profile else "peak,train,generate,kv,eval,eval_adapters,memory")
+    sections = [s.strip() for s in only.split(",") if s.strip()] + (["profile", "isa"] if args.profile else [])
     known = {"peak", "train", "head", "generate", "kv", "eval", "eval_adapters", "memory", "profile", "isa"}
     unknown = set(sections) - known
     if unknown:
@@ -783,10 +798,14 @@ def main() -> None:
 
     if "peak" in sections or "train" in sections:
         log("peak: matmul roofline")
-        peak = {dtype: matmul_peak(getattr(torch, name), d, ffn)[::-1] for dtype, name in DTYPES.items()}
+        peak = {dtype: matmul_peak(getattr(torch, name))[::-1] for dtype, name in DTYPES.items()}
         r["peak"] = {f"{dtype}_{k}": v for dtype, (shape, flop_per_s) in peak.items()
                      for k, v in (("flop_per_s", flop_per_s), ("shape", shape))}
-        log("  " + ", ".join(f"{dtype} {f / 1e9:.0f} GFLOP/s at {'x'.join(map(str, shape))}"
+        model_shapes = [(BATCH * SEQ, d, d), (BATCH * SEQ, d, ffn), (BATCH * SEQ, ffn, d)]
+        r["peak"] |= {f"{dtype}_model_shaped_flop_per_s": matmul_peak(getattr(torch, name), model_shapes)[0]
+                      for dtype, name in DTYPES.items()}
+        log("  " + ", ".join(f"{dtype} {f / 1e9:.0f} GFLOP/s at {'x'.join(map(str, shape))} (model-shaped alone: "
+                             f"{r['peak'][dtype + '_model_shaped_flop_per_s'] / 1e9:.0f})"
                              for dtype, (shape, f) in peak.items()))
     if "train" in sections:
         log("train: one frozen-probe step per method and precision, the peak product in every round")

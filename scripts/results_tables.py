@@ -237,15 +237,25 @@ def sweep_table(out: Path) -> str:
     return "\n".join(lines)
 
 
-def bench_table(bench: Path, starts: str) -> str:
-    """One table of the benchmark's own rendering (benchmarks/run.format_table) of its committed JSON: the one whose
-    header row starts with `starts`."""
+def bench_module(bench: Path):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench", bench.parents[1] / "run.py")
     run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(run)
-    lines = run.format_table(json.loads(bench.read_text())).splitlines()
+    return run
+
+
+def bench_profile(bench: Path) -> str:
+    """The benchmark's rendering of its profile (benchmarks/run.py --profile) and of the oneDNN kernels it saw."""
+    r = json.loads(bench.read_text())
+    return bench_module(bench).format_table({k: r[k] for k in ("profile", "isa") if k in r} | {"targets": {}})
+
+
+def bench_table(bench: Path, starts: str) -> str:
+    """One table of the benchmark's own rendering (benchmarks/run.format_table) of its committed JSON: the one whose
+    header row starts with `starts`."""
+    lines = bench_module(bench).format_table(json.loads(bench.read_text())).splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith(starts))
     table = [lines[first]]
     for line in lines[first + 1:]:
@@ -257,7 +267,6 @@ def bench_table(bench: Path, starts: str) -> str:
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "results" / "bench.json"
-BENCH_EVAL_ADAPTERS = ROOT / "benchmarks" / "results" / "eval_adapters.json"  # run.py --only eval_adapters
 BLOCKS = {  # page -> {block name: what writes it}
     "docs/results/study-cpu.md": {"study-tables": lambda: tables(ROOT / "results" / "study-cpu")},
     "README.md": {"headline": lambda: headline(ROOT / "results" / "study-cpu")},
@@ -274,8 +283,8 @@ BLOCKS = {  # page -> {block name: what writes it}
     "docs/results/benchmarks.md": {name: (lambda starts=starts: bench_table(BENCH, starts)) for name, starts in (
         ("bench-train", "| method | precision"), ("bench-generate", "| dtype"), ("bench-eval", "| task | items"),
         ("bench-targets", "| target |"))} | {
-        "bench-eval-adapters": lambda: bench_table(BENCH_EVAL_ADAPTERS, "| method | adapter"),
-        "bench-eval-adapters-target": lambda: bench_table(BENCH_EVAL_ADAPTERS, "| target |")},
+        "bench-profile": lambda: bench_profile(BENCH),
+        "bench-eval-adapters": lambda: bench_table(BENCH, "| method | adapter")},
 }
 
 

@@ -28,6 +28,9 @@ from .families import decoder_layers
 
 logger = logging.getLogger(__name__)
 
+RECOMPILE_LIMIT = 64
+
+
 def wants_compile(flag: bool | None, device: torch.device | str, *, bf16: bool) -> bool:
     """Whether a run compiles. True and False (--compile, --no-compile) say so. None, the default, compiles where
     benchmarks/run.py measured it faster: on a CUDA GPU, and on a CPU in bf16, where the matmuls are fast enough
@@ -72,7 +75,12 @@ def compiled_blocks(model: nn.Module, enabled: bool, device: torch.device | str 
     if not enabled or why_not:
         yield False
         return
-    layers = list(decoder_layers(model))
+    # Every model compiled in a process adds its own variants of the one block forward (its dtype, its attention,
+    # its adapter: `compare` trains and scores several), and past dynamo's default limit of 8 the next variant would
+    # silently run eager.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT wrapper (LoRA)
+    layers = list(decoder_layers(base))
     for layer in layers:
         layer.compile()
     try:
