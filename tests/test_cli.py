@@ -52,3 +52,12 @@ def test_the_summary_line_reports_a_resumed_runs_whole_training_time():
     resumed = {"wall_seconds": 12.0, "train_seconds": 1800.0}  # this process trained the last few steps
     assert _training_time(resumed) == "1800s of training"
     assert _training_time({"wall_seconds": 12.0, "train_seconds": None}) == "12s in this process"
+
+
+def test_the_summary_line_shows_a_compiled_runs_first_step_apart():
+    from preproj.cli import _training_time
+
+    compiled = {"wall_seconds": 90.0, "train_seconds": 80.0, "compiled": True, "first_step_seconds": 41.2,
+                "median_step_seconds": 1.46}
+    assert _training_time(compiled) == "80s of training (compiled: first step 41.2s, then 1.46s per step)"
+    assert _training_time({**compiled, "compiled": False}) == "80s of training"

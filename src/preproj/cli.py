@@ -213,8 +213,13 @@ def _train(ns: argparse.Namespace) -> int:
 def _training_time(summary: dict) -> str:
     # A resumed run's process saw only its own part; the log carries the whole (None for logs from before it did).
     if summary.get("train_seconds") is not None:
-        return f"{summary['train_seconds']:.0f}s of training"
-    return f"{summary['wall_seconds']:.0f}s in this process"
+        spent = f"{summary['train_seconds']:.0f}s of training"
+    else:
+        spent = f"{summary['wall_seconds']:.0f}s in this process"
+    if summary.get("compiled") and "first_step_seconds" in summary:  # the compile is in the first step: say so
+        spent += (f" (compiled: first step {summary['first_step_seconds']:.1f}s, then "
+                  f"{summary['median_step_seconds']:.2f}s per step)")
+    return spent
 
 
 def _pretrain(ns: argparse.Namespace) -> int:
