@@ -163,3 +163,19 @@ def test_a_peft_lora_model_compiles_and_scores_as_eager():
             assert torch._dynamo.config.recompile_limit >= compiling.RECOMPILE_LIMIT
             fused = model(input_ids=ids).logits
     torch.testing.assert_close(fused, eager, rtol=1e-4, atol=1e-5)  # float32 sums reordered, nothing more
+
+
+def test_a_model_that_trains_its_head_does_not_recompile_every_step():
+    """The loss path of `pretrain` (the head trains, so the model's own loss runs): no K/V cache is built, whose
+    per-layer slot would make dynamo compile every layer at every step."""
+    from torch._dynamo.utils import counters
+
+    from preproj.core.loss import causal_lm_loss
+
+    model = attach(tiny_model("llama"), PreProjConfig()).requires_grad_(True).train()
+    torch._dynamo.reset()
+    counters.clear()
+    with compiled_blocks(model, True, "cpu"):
+        for _ in range(3):
+            causal_lm_loss(model, input_ids(), input_ids()).backward()
+    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])

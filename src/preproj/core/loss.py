@@ -90,10 +90,10 @@ def causal_lm_loss(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tens
         raise ValueError("Every label after the first position is -100: there is nothing to compute a loss on.")
     parts = body_and_head(model)
     if parts is None or parts[1].weight.requires_grad:  # unknown family, or a head that trains
-        return model(input_ids=input_ids, labels=labels).loss
+        return model(input_ids=input_ids, labels=labels, use_cache=False).loss
     body, head = parts
-    # No K/V cache: a training forward never reads one, and filling it costs copies (and, compiled, a recompile
-    # per layer, as each layer's cache slot is guarded on).
+    # No K/V cache (here and above): a training forward never reads one, and filling it costs copies and, compiled,
+    # a recompile per layer and step, as each layer's cache slot is guarded on.
     hidden = body(input_ids=input_ids, use_cache=False).last_hidden_state[:, :-1]  # (B, T-1, d)
     hidden = hidden.reshape(-1, hidden.shape[-1])[keep]  # (n, d)
     return LinearCrossEntropy.apply(hidden, head.weight, targets[keep], 1.0 / n)
