@@ -224,11 +224,12 @@ def bench_train(base, rounds: int, log, peak: dict, batch: int = BATCH, seq: int
     ids = torch.randint(0, base.config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     product = product_setting(DEVICE)
     settings = list(dict.fromkeys([*settings, *((m, *product) for m in ("preproj+skip", "lora", "base"))]))
-    steps, flops, holds = {}, {}, contextlib.ExitStack()
+    steps, flops, trainable, holds = {}, {}, {}, contextlib.ExitStack()
     for method, precision, mode in settings:
         weights = precision_for(precision).weights
         model, opt = training_setup(base, method, weights)
         if method not in flops:
+            trainable[method] = sum(p.numel() for p in model.parameters() if p.requires_grad)
             flops[method] = step_flops(model, opt, ids, "fp32")  # FLOPs do not depend on the dtype
             log(f"  {method}: {flops[method] / 1e9:.0f} GFLOP per step of {ids.numel()} tokens")
         if mode.endswith("eager attention"):
@@ -261,9 +262,6 @@ def bench_train(base, rounds: int, log, peak: dict, batch: int = BATCH, seq: int
                      "flop_per_s": flops[method] / s, "mfu": mfu, "round_seconds": t}
         log(f"  {key:<32} {s:6.2f} s/step  {ids.numel() / s:6.0f} tok/s  "
             f"{flops[method] / s / 1e9:6.1f} GFLOP/s  MFU {mfu:.0%}")
-    models = {"preproj+skip": "preproj+skip", "lora": "lora", "base": "base"}
-    trainable = {m: sum(p.numel() for p in training_setup(base, m)[0].parameters() if p.requires_grad)
-                 for m in models}
     mine = "/".join(product)
     ratios = {"vs_naive_fp32": paired_ratio(times, "naive/fp32/eager", f"preproj+skip/{mine}"),
               "step_vs_lora": paired_ratio(times, f"preproj+skip/{mine}", f"lora/{mine}"),
@@ -369,8 +367,9 @@ def profile_table(fn, label: str, dtype: str, log) -> dict:
     wall = time.perf_counter() - start
     seconds = dict.fromkeys(CATEGORIES, 0.0)
     gemms: dict[tuple, dict] = {}
-    for event in prof.events():
-        if event.device_type.name != "CPU" or event.thread != prof.events()[0].thread:
+    events = prof.events()
+    for event in events:
+        if event.device_type.name != "CPU" or event.thread != events[0].thread:
             continue  # only the main thread's events: intra-op worker threads run inside their caller's time
         ancestors, parent = [], event.cpu_parent
         while parent is not None:
@@ -398,7 +397,7 @@ def profile_table(fn, label: str, dtype: str, log) -> dict:
     return {"label": label, "wall_seconds": wall, "seconds": seconds, "gemms": gemm_rows}
 
 
-def bench_profile(base, tokenizer, data: Path | None, log) -> dict:
+def bench_profile(base, tokenizer, log) -> dict:
     """A training step (the product's setting, and the same eager) and an evaluation batch, each op timed."""
     from preproj.evaluation.engine import LogLikelihood
 
@@ -436,7 +435,7 @@ def cpu_name() -> str:
     return f"{model} ({', '.join(extensions)})"
 
 
-def bench_isa(model_name: str, data: str | None, log) -> dict:
+def bench_isa(model_name: str, log) -> dict:
     """Which oneDNN kernels run the bf16 training step's GEMMs (ONEDNN_VERBOSE), and the step with AMX against the
     same step with oneDNN held to AVX-512 bf16 (ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16), each in fresh processes,
     alternating."""
@@ -829,10 +828,10 @@ def main() -> None:
         r["eval_adapters"] = bench_eval_adapters(base, tokenizer, data, args.rounds, log)
     if "profile" in sections:
         log("profile: one training step and one evaluation batch under torch.profiler")
-        r["profile"] = bench_profile(base, tokenizer, data, log)
+        r["profile"] = bench_profile(base, tokenizer, log)
     if "isa" in sections and DEVICE.type == "cpu":
         log("isa: oneDNN's matmul kernels (ONEDNN_VERBOSE) and AMX against AVX-512 bf16")
-        r["isa"] = bench_isa(args.model, args.data_dir, log)
+        r["isa"] = bench_isa(args.model, log)
     if "memory" in sections:
         log("memory: peak RSS of fresh processes")
         r["memory"] = bench_memory(args.model, data, log)

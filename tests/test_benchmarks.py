@@ -99,7 +99,7 @@ def test_profile_section_accounts_for_the_whole_call(bench):
     from conftest import CharTokenizer
 
     base = tiny_model("llama").eval()
-    r = bench.bench_profile(base, CharTokenizer(), None, log=lambda msg: None)
+    r = bench.bench_profile(base, CharTokenizer(), log=lambda msg: None)
     labels = [t["label"] for t in r["tables"]]
     assert labels[0].startswith("train step") and labels[-1].startswith("evaluation batch")
     for t in r["tables"]:

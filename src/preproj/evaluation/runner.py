@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -117,7 +116,6 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] | None = None, 
     }
     was_training = model.training
     model.eval()
-    stack = contextlib.ExitStack()
     records = []
     if items_out:
         report["items_file"] = str(items_out)
@@ -125,20 +123,19 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] | None = None, 
     compiled = wants_compile(compile, device, bf16=as_precision(precision).uses_bf16)
     report["compiled"] = compiled
     try:
-        stack.enter_context(compiled_blocks(model, compiled, device))
-        for task in names:
-            start = time.monotonic()
-            items = []
-            report["tasks"][task] = run_task(score, task, protocol, limit, data_dir, items, report["notes"])
-            records += [{"task": task, **item} for item in items]
-            report["seconds"][task] = round(time.monotonic() - start, 2)
-            if ddist.ranks().is_main:
-                if items_out:
-                    write_jsonl(items_out, records)
-                if out:
-                    write_json(out, report)
+        with compiled_blocks(model, compiled, device):
+            for task in names:
+                start = time.monotonic()
+                items = []
+                report["tasks"][task] = run_task(score, task, protocol, limit, data_dir, items, report["notes"])
+                records += [{"task": task, **item} for item in items]
+                report["seconds"][task] = round(time.monotonic() - start, 2)
+                if ddist.ranks().is_main:
+                    if items_out:
+                        write_jsonl(items_out, records)
+                    if out:
+                        write_json(out, report)
     finally:
-        stack.close()
         model.train(was_training)
     if journal:
         score.journal_path().unlink(missing_ok=True)

@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -296,8 +297,7 @@ def step_times(seconds: list[float]) -> dict:
     """The first step's seconds (this process's first) and the median of the others'."""
     if not seconds:
         return {}
-    later = sorted(seconds[1:]) or seconds
-    return {"first_step_seconds": seconds[0], "median_step_seconds": later[len(later) // 2]}
+    return {"first_step_seconds": seconds[0], "median_step_seconds": statistics.median(seconds[1:] or seconds)}
 
 
 def _targets(labels: torch.Tensor) -> int:

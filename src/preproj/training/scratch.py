@@ -96,8 +96,8 @@ class PretrainArgs:
     nproc: int = 1
     """Launch this many processes with torchrun (1: this process)."""
     compile: bool | None = None
-    """torch.compile each decoder block (inductor; the first step compiles, about a minute on a CPU, cached for later
-    runs). Default: where it was measured faster, a GPU or a CPU in bf16; --no-compile runs eager."""
+    """torch.compile each decoder block (inductor: the first step compiles, and inductor caches it for later runs).
+    Default: where benchmarks/run.py measured it faster, a GPU or a CPU in bf16; --no-compile runs eager."""
     report_to: str = "none"
     """Experiment trackers: none, tensorboard, wandb, trackio (comma-separated)."""
     eval_every: int = 50
