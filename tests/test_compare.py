@@ -320,6 +320,68 @@ def test_compare_resumed_with_other_training_arguments_is_refused(tmp_path, tiny
     assert run_compare(args, progress=False)["methods"]["skip"]["train_tokens"] == 2 * 2 * 32
 
 
+@pytest.fixture
+def finished_compare(tmp_path, tiny_real_vocab_model, monkeypatch):
+    """A finished two-step comparison (base, skip) through the command line, on a small cpu preset."""
+    small = {**compare.PRESETS["cpu"]["train"], "seq_len": 32, "batch_size": 2, "eval_every": 2, "save_every": 2}
+    monkeypatch.setitem(compare.PRESETS["cpu"], "train", small)
+    monkeypatch.setitem(compare.PRESETS["cpu"], "eval", {**compare.PRESETS["cpu"]["eval"], "max_length": 256})
+    out = tmp_path / "cmp"
+    argv = ["compare", "--model", tiny_real_vocab_model, "--methods", "base,skip", "--steps", "2", "--limit", "2",
+            "--precision", "fp32", "--device", "cpu", "--data-dir", str(data_dir()), "--out", str(out), "--quiet"]
+    assert main(argv) == 0
+    return {"argv": argv, "out": out, "small": small, "model": tiny_real_vocab_model}
+
+
+def _with(argv: list[str], flag: str, value: str) -> list[str]:
+    argv = list(argv)
+    argv[argv.index(flag) + 1] = value
+    return argv
+
+
+# (id, change to the finished comparison's command or preset, what the refusal must name)
+RERUNS = [
+    ("steps", lambda c, m: _with(c["argv"], "--steps", "3"), "steps 2 -> 3"),
+    ("model", lambda c, m: _with(c["argv"], "--model", str(shutil.copytree(c["model"], c["out"].parent / "other"))),
+     "model "),
+    ("precision", lambda c, m: _with(c["argv"], "--precision", "bf16-mixed"), "precision 'fp32' -> 'bf16-mixed'"),
+    ("data", lambda c, m: (m.setitem(compare.PRESETS["cpu"], "train", {**c["small"], "data": "wikitext2-train"}),
+                           c["argv"])[1], "data 'wikitext2' -> 'wikitext2-train'"),
+    ("limit", lambda c, m: _with(c["argv"], "--limit", "3"), "lambada limit 2 -> 3"),
+]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", RERUNS, ids=[c[0] for c in RERUNS])
+def test_a_compare_rerun_with_changed_arguments_is_refused_naming_the_field(finished_compare, case, monkeypatch,
+                                                                           capsys):
+    """Reusing the finished runs would report them under arguments they did not run with."""
+    _, change, named = case
+    before = (finished_compare["out"] / "results.json").read_text()
+    capsys.readouterr()
+    assert main(change(finished_compare, monkeypatch)) == 2
+    err = capsys.readouterr().err.strip()
+    assert named in err and "finished with other arguments" in err and len(err.splitlines()) == 1, err
+    assert (finished_compare["out"] / "results.json").read_text() == before  # nothing relabelled
+
+
+@pytest.mark.integration
+def test_a_finished_compare_rerun_keeps_its_time_and_a_new_method_set_trains_only_what_is_new(finished_compare,
+                                                                                             capsys):
+    out, argv = finished_compare["out"], finished_compare["argv"]
+    took = json.loads((out / "results.json").read_text())["wall_seconds"]
+    assert took > 0
+    capsys.readouterr()
+    assert main(argv) == 0  # nothing new: the recorded time stands, and the summary says nothing ran
+    assert json.loads((out / "results.json").read_text())["wall_seconds"] == took
+    assert "every run already finished" in capsys.readouterr().out
+    base_result = (out / "base-seed42" / "result.json").stat().st_mtime_ns
+    assert main(_with(argv, "--methods", "base,preproj")) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["methods"]) == {"base", "preproj"} and results["new_runs"] == 1
+    assert results["wall_seconds"] > took and (out / "base-seed42" / "result.json").stat().st_mtime_ns == base_result
+
+
 @pytest.mark.integration
 def test_a_task_added_after_a_run_finished_is_scored_on_its_retrained_weights(tmp_path, tiny_real_vocab_model,
                                                                               monkeypatch, caplog):

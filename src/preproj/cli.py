@@ -365,9 +365,13 @@ def _compare(ns: argparse.Namespace) -> int:
         return 0
     print(_report_summary((Path(args.out) / "report.md").read_text()))
     n, seconds = len(report["methods"]), report["wall_seconds"]
-    done = (f"interim report: {n} methods with finished runs, {len(report['pending'])} run(s) to come"
-            if report["pending"] else f"{n} methods compared"
-            + (f" in {seconds / 60:.1f} min" if seconds is not None else " (report rewritten from finished runs)"))
+    took = f", which took {seconds / 60:.1f} min" if seconds is not None else ""
+    if report["pending"]:
+        done = f"interim report: {n} methods with finished runs, {len(report['pending'])} run(s) to come"
+    elif args.report_only or not report["new_runs"]:
+        done = f"{n} methods compared, every run already finished; report rewritten from them{took}"
+    else:
+        done = f"{n} methods compared in {seconds / 60:.1f} min"
     print(f"summary: {done}; the full report (paired differences, learning rates, what agrees) is "
           f"{Path(args.out) / 'report.md'}; results.json and the plots are beside it")
     return 0

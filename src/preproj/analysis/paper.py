@@ -9,6 +9,7 @@ have detected.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,6 +74,7 @@ CLAIMS = (
 DEPTH_CLAIM = ("later layers use the content skip more: ‖W_skip‖ of the last layer over the first's, pre-projection + "
                "skip", ", ".join(f"{v[-1] / v[0]:.1f}× at {m.split('-')[1]}" for m, v in PAPER_SKIP_NORMS.items()))
 VERDICTS = {"better": "confirmed", "worse": "refuted", "no detectable difference": "not detectable at this budget"}
+UNTESTABLE = "untestable: {items} item(s), an interval needs two or more"
 
 
 def claim_pairs(methods: list[str]) -> list[tuple[str, str]]:
@@ -100,8 +102,10 @@ def check_claims(paired: list[dict], plan: dict, columns: dict[str, str]) -> lis
             arms = ("" if (claim.method, claim.reference) == (p["method"], p["reference"])
                     else f" ({p['method']} vs {p['reference']})")
             text = " (in the training text's format)" if task.endswith("_file") else ""
+            # One item (a two-minute look) leaves nothing to estimate a variance from: no interval, no test.
+            verdict = VERDICTS[p["verdict"]] if math.isfinite(p["low"]) else UNTESTABLE.format(items=p["items"])
             checked.append({"claim": claim.text + text + arms, "paper": claim.paper, "method": p["method"],
-                            "reference": p["reference"], "metric": p["metric"], "verdict": VERDICTS[p["verdict"]],
+                            "reference": p["reference"], "metric": p["metric"], "verdict": verdict, "items": p["items"],
                             "effect": p["effect"], "low": p["low"], "high": p["high"], "mde": p["mde"],
                             "seeds": list(p["seeds"]), "test": p.get("test"), "p": p.get("p"),
                             "p_adjusted": p.get("adjusted", {}).get(family["name"]), "family": family["name"],
@@ -135,10 +139,12 @@ def claims_table(checked: list[dict], depth: dict | None, digits, alpha: float =
              "| p (Holm-adjusted) | verdict |", "|---|---|---|---|---|---|"]
     for c in checked:
         d = digits(c["metric"])
-        ours = f"{c['metric']} {c['effect']:+.{d}f} [{c['low']:+.{d}f}, {c['high']:+.{d}f}]"
+        defined = math.isfinite(c["low"])
+        ours = f"{c['metric']} {c['effect']:+.{d}f}" + (f" [{c['low']:+.{d}f}, {c['high']:+.{d}f}]" if defined else "")
         verdict = c["verdict"] + (f" (would detect ±{c['mde']:.{d}f})" if c["verdict"].startswith("not") else "")
         verdict += ", fragile" if c.get("fragile") else ""
-        adjusted = "–" if c.get("p") is None else f"{p_text(c['p'], alpha)} ({p_text(c['p_adjusted'], alpha)})"
+        adjusted = ("–" if c.get("p") is None or not defined
+                    else f"{p_text(c['p'], alpha)} ({p_text(c['p_adjusted'], alpha)})")
         lines.append(f"| {c['claim']} | {c['paper']} | {ours} | {c['seeds'][1]} v {c['seeds'][0]}, "
                      f"{c.get('test') or '–'} | {adjusted} | {verdict} |")
     if depth:

@@ -185,7 +185,8 @@ def _parts(a: np.ndarray, b: np.ndarray, statistic: Statistic, seed_paired: bool
     theta_a, theta_b = statistic(a), statistic(b)
     u_a, u_b = statistic.influence(a), statistic.influence(b)
     n_items = a.shape[1]
-    items = float((u_b.mean(axis=0) - u_a.mean(axis=0)).var(ddof=1) / n_items)
+    # one item has no variance to estimate: undefined, said so by the report, not warned about by numpy
+    items = float((u_b.mean(axis=0) - u_a.mean(axis=0)).var(ddof=1) / n_items) if n_items > 1 else math.nan
     sides = [(theta_b - theta_a, u_b - u_a)] if seed_paired else [(t, u) for t, u in ((theta_a, u_a), (theta_b, u_b))
                                                                   if len(t) > 1]
     seeds = []

@@ -13,7 +13,7 @@ import math
 import shutil
 import time
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +31,7 @@ from ..analysis.stats import (
     t_interval,
     two_seeds_note,
 )
+from ..core.compiling import wants_compile
 from ..evaluation.runner import evaluate
 from ..evaluation.tasks import columns, default_tasks
 from ..methods.lora import merged_for_evaluation
@@ -42,6 +43,7 @@ from ..runtime.precision import precision as as_precision
 from ..runtime.precision import resolve_device
 from ..runtime.validation import check_args
 from ..training import TrainArgs, train
+from ..training.args import changed_arguments
 from .compare_args import PRESETS, CompareArgs
 from .retrain import NotTheScoredWeights, retrain_dir, retrained, trained_weights_digest
 from .sweep import sweep_learning_rates
@@ -123,18 +125,24 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
     sweep = _learning_rates(args, methods, preset, train_args, lr_sweep, precision, device, progress)
 
     runs, pending = [], []  # runs: one per finished (method, seed); pending: those a report-only pass finds unfinished
+    reused, all_tasks = 0, (*default_tasks(), *eval_cfg.get("extra_tasks", ()))
     for arm, seed in run_plan(methods, seeds,
                               (args.seeded_methods or preset.get("seeded_methods") or ",".join(methods))):
         method, fixed_lr = arm_method_lr(arm)
         lr = None if method == "base" else fixed_lr or (sweep["chosen"][method] if sweep else train_args["lr"])
         run_dir = out / f"{arm}-seed{seed}"
         if (run_dir / "result.json").is_file():  # resumable: a finished (arm, seed) is not redone
-            run = _finished_run(run_dir, arm, method, seed, lr, check_lr=not args.report_only)
-            missing = [t for t in (*default_tasks(), *eval_cfg.get("extra_tasks", ())) if t not in run["tasks"]]
+            run = _finished_run(run_dir, arm, seed, lr, swept=bool(sweep) and fixed_lr is None,
+                                recorded_as=_run_train_args(args, method, seed, lr, run_dir, train_args, precision,
+                                                            device, resolved=True),
+                                model=args.model,
+                                scored_as={t: _eval_setting(t, eval_cfg, limits, eval_precision) for t in all_tasks})
+            missing = [t for t in all_tasks if t not in run["tasks"]]
             if args.fill_missing and missing and not args.report_only:
                 run = _fill_missing(args, run, method, run_dir, missing, eval_cfg, limits, precision, eval_precision,
                                     device, r, progress)
             runs.append(run)
+            reused += 1
         elif args.report_only:
             pending.append(run_dir.name)
         else:
@@ -147,15 +155,27 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
             raise ValueError(f"No (method, seed) run has finished in {out} yet (METHOD-seedN/result.json); run the "
                              "comparison without --report-only first.")
         seeds = max(sum(r["method"] == m for r in runs) for m in methods)
-    # A report-only pass times nothing that was run: its wall time would read as the comparison's.
-    seconds = None if args.report_only else time.monotonic() - start
+    # The comparison's wall time, summed over the processes that ran its parts: a pass that runs nothing new (a
+    # report-only pass, or a rerun of a finished comparison) keeps the recorded total.
+    new_runs = 0 if args.report_only else len(runs) - reused
+    seconds = _recorded(out, "wall_seconds")
+    if new_runs:
+        seconds = (seconds or 0.0) + time.monotonic() - start
     report = summarise(runs, methods, args, eval_cfg["protocol"], limits, seconds, train_args, seeds)
-    report.update(pending=pending, sweep=sweep, precision=precision.name, eval_precision=eval_precision.name,
-                  device=str(device))
+    report.update(pending=pending, new_runs=new_runs, sweep=sweep, precision=precision.name,
+                  eval_precision=eval_precision.name, device=str(device))
     _add_comparisons(report, runs, methods, eval_cfg["protocol"], out)
     if r.is_main:
         _write_report(report, runs, methods, out, Path(args.model).name)
     return report
+
+
+def _recorded(out: Path, key: str):
+    """A field of the comparison's last results.json (None when there is none)."""
+    try:
+        return json.loads((out / "results.json").read_text()).get(key)
+    except (OSError, ValueError):
+        return None
 
 
 def run_plan(methods: list[str], seeds: int, seeded: str) -> list[tuple[str, int]]:
@@ -170,26 +190,59 @@ def _learning_rates(args: CompareArgs, methods: list[str], preset: dict, train_a
     """The sweep's results: run now (finished points reused), read back for a report-only pass, or None."""
     if not lr_sweep:
         return None
-    if args.report_only:
+    if args.report_only:  # the sweep's own record, else the one the last report kept
         sweep_file = Path(args.out) / "sweep" / "sweep.json"
-        return json.loads(sweep_file.read_text()) if sweep_file.is_file() else None
+        return json.loads(sweep_file.read_text()) if sweep_file.is_file() else _recorded(Path(args.out), "sweep")
     swept = list(dict.fromkeys(m for m, lr in map(arm_method_lr, methods) if m != "base" and lr is None))
     steps = args.sweep_steps or preset.get("sweep_steps") or max(1, train_args["steps"] // 4)
     n_seeds = args.sweep_seeds or preset.get("sweep_seeds") or 1
     return sweep_learning_rates(args, swept, train_args, lr_sweep, steps, n_seeds, precision, device, progress)
 
 
-def _finished_run(run_dir: Path, arm: str, method: str, seed: int, lr: float | None, check_lr: bool) -> dict:
-    """A finished (arm, seed), refused when it was trained at another rate than the arm now has."""
+def _finished_run(run_dir: Path, arm: str, seed: int, lr: float | None, *, swept: bool, recorded_as: TrainArgs | None,
+                  model: str, scored_as: dict[str, dict]) -> dict:
+    """A finished (arm, seed), refused when it was trained or scored otherwise than this comparison would: it would
+    be reported under arguments it did not run with. Each changed field is named."""
     run = json.loads((run_dir / "result.json").read_text())
     trained_at = run["lr"]
-    if check_lr and lr is not None and trained_at is not None and not math.isclose(trained_at, lr):
-        keep_as = run_dir.parent / f"{method}@{trained_at:g}-seed{seed}"
-        raise ValueError(f"{run_dir} was trained at lr {trained_at:g} but {arm} now trains at {lr:g} (the "
-                         f"sweep's choice changed): rename it to {keep_as} to keep it as that arm, then run again.")
+    if swept and lr is not None and trained_at is not None and not math.isclose(trained_at, lr):
+        keep_as = run_dir.parent / f"{arm}@{trained_at:g}-seed{seed}"
+        raise ValueError(f"{run_dir} was trained at lr {trained_at:g} but the sweep now picks {lr:g} for {arm}: "
+                         f"rename it to {keep_as} to keep it as that arm, then run again.")
+    changed = [] if "model" not in run or run["model"] == model else [f"model {run['model']!r} -> {model!r}"]
+    if recorded_as is not None:
+        changed += changed_arguments(run_dir / "train_config.json", recorded_as)
+    for task, setting in scored_as.items():
+        done_task = run_dir / f"eval.{task}.json"
+        scored = json.loads(done_task.read_text()).get("setting", {}) if done_task.is_file() else {}
+        changed += [f"{task} {k} {scored[k]!r} -> {v!r}" for k, v in setting.items() if k in scored and scored[k] != v]
+    if changed:
+        raise ValueError(f"{run_dir} finished with other arguments than this comparison's ({'; '.join(changed)}), "
+                         "and would be reported under the new ones: rerun with the recorded ones (its "
+                         "train_config.json and eval.TASK.json), or give another --out.")
     run["method"], run["run_dir"] = arm, run_dir.name  # where it is now: a run may be moved to keep it as an arm
     logger.info(f"[compare] {arm} seed {seed}: already done, reusing {run_dir / 'result.json'}")
     return run
+
+
+def _run_train_args(args: CompareArgs, method: str, seed: int, lr: float | None, run_dir: Path, train_args: dict,
+                    precision, device, resolved: bool = False) -> TrainArgs | None:
+    """The TrainArgs an arm trains with (None for the base); `resolved`: as train() records them, with the
+    precision's name and the compile decided."""
+    if method == "base":
+        return None
+    targs = TrainArgs(model=args.model, method=method, out=str(run_dir), seed=seed, data_dir=args.data_dir,
+                      resume=True, precision=precision.name, device=str(device), strategy=args.strategy,
+                      report_to=args.report_to, compile=args.compile, **{**train_args, "lr": lr})
+    if resolved:
+        targs = replace(targs, compile=wants_compile(args.compile, device, bf16=precision.uses_bf16))
+    return targs
+
+
+def _eval_setting(task: str, eval_cfg: dict, limits: dict, eval_precision) -> dict:
+    """How a task is scored in this comparison (the weights' digest is added where they are known)."""
+    return {"protocol": eval_cfg["protocol"], "limit": limits.get(task if task in limits else task.split("_")[0]),
+            "max_length": eval_cfg["max_length"], "precision": eval_precision.name}
 
 
 def _run_arm(args: CompareArgs, arm: str, method: str, seed: int, lr: float | None, run_dir: Path, train_args: dict,
@@ -198,16 +251,14 @@ def _run_arm(args: CompareArgs, arm: str, method: str, seed: int, lr: float | No
     logger.info(f"[compare] {arm} seed {seed} ...")
     model, tokenizer = load_model(args.model, dtype=precision.weights, device=device)
     summary = None
-    if method != "base":
-        targs = TrainArgs(model=args.model, method=method, out=str(run_dir), seed=seed, data_dir=args.data_dir,
-                          resume=True, precision=precision.name, device=str(device), strategy=args.strategy,
-                          report_to=args.report_to, compile=args.compile, **{**train_args, "lr": lr})
+    targs = _run_train_args(args, method, seed, lr, run_dir, train_args, precision, device)
+    if targs is not None:
         summary, model = train(targs, model, tokenizer, progress=progress)
     weights = trained_weights_digest(model)
     model = merged_for_evaluation(model)  # a LoRA scores at the base's cost; the digest is of what was trained
     tasks, task_seconds = _evaluate_arm(args, model, tokenizer, run_dir, weights, eval_cfg, limits, eval_precision, r,
                                         progress)
-    result = {"method": arm, "seed": seed, "tasks": tasks, "run_dir": run_dir.name,
+    result = {"method": arm, "seed": seed, "model": args.model, "tasks": tasks, "run_dir": run_dir.name,
               "lr": lr if summary else None,
               "trainable_params": summary["trainable_params"] if summary else 0,
               "train_tokens": summary["tokens_seen"] if summary else 0,
@@ -252,10 +303,9 @@ def _evaluate_arm(args: CompareArgs, model, tokenizer, run_dir: Path, weights: s
     of its last process."""
     tasks, task_seconds = {}, {}
     for task in only or (*default_tasks(), *eval_cfg.get("extra_tasks", ())):
-        limit = limits.get(task if task in limits else task.split("_")[0])  # a variant takes its task's limit
         done_task, items = run_dir / f"eval.{task}.json", run_dir / f"items.{task}.jsonl"
-        setting = {"protocol": eval_cfg["protocol"], "limit": limit, "max_length": eval_cfg["max_length"],
-                   "precision": eval_precision.name, "weights": weights}
+        setting = {**_eval_setting(task, eval_cfg, limits, eval_precision), "weights": weights}
+        limit = setting["limit"]  # a variant takes its task's limit
         kept = json.loads(done_task.read_text()) if done_task.is_file() and items.is_file() else {}
         if kept.get("setting") == setting:
             tasks[task], task_seconds[task] = kept["result"], kept.get("seconds")

@@ -95,14 +95,20 @@ class TrainArgs:
 RESUME_MAY_CHANGE = ("out", "resume", "report_to", "eval_every", "save_every", "data_dir", "device", "nproc")
 
 
-def check_same_run(recorded_path: Path, args) -> None:
-    """Refuse to resume a run with arguments that differ from those it was started with (train_config.json), naming
-    every changed field; RESUME_MAY_CHANGE lists the ones that cannot change the result."""
+def changed_arguments(recorded_path: Path, args) -> list[str]:
+    """'steps 2 -> 3' for every argument that differs from those a run was started with (train_config.json);
+    RESUME_MAY_CHANGE lists the ones that cannot change the result. Empty when nothing is recorded."""
     if not recorded_path.is_file():
-        return
+        return []
     recorded = json.loads(recorded_path.read_text())
-    changed = [f"{k} {recorded[k]!r} -> {v!r}" for k, v in asdict(args).items()
-               if k not in RESUME_MAY_CHANGE and k in recorded and recorded[k] != v]
+    return [f"{k} {recorded[k]!r} -> {v!r}" for k, v in asdict(args).items()
+            if k not in RESUME_MAY_CHANGE and k in recorded and recorded[k] != v]
+
+
+def check_same_run(recorded_path: Path, args) -> None:
+    """Refuse to resume a run with arguments that differ from those it was started with, naming every changed
+    field."""
+    changed = changed_arguments(recorded_path, args)
     if changed:
         raise ValueError(f"{recorded_path.parent} was started with other arguments ({'; '.join(changed)}); resume it "
                          "with the recorded ones (train_config.json), or start afresh with another --out.")
