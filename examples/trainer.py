@@ -1,6 +1,8 @@
 """Train pre-projection + content skip with transformers.Trainer, through PEFT, and save the adapter.
 
-    python examples/trainer.py --steps 20 --out runs/trainer     # the embedded SmolLM2, WikiText-2 from ../shared/data
+    PREPROJ_DATA_DIR=../shared/data python examples/trainer.py --steps 20 --out runs/trainer
+
+(the embedded SmolLM2 on WikiText-2 train; --data-dir instead of PREPROJ_DATA_DIR works too).
 
 The model is an ordinary PeftModel: Trainer trains only the adapter, and `save_pretrained` writes it alone
 (adapter_config.json + adapter_model.safetensors), which `preproj.load_adapter`, `preproj eval --adapter`
@@ -15,7 +17,7 @@ import torch
 from peft import get_peft_model
 from transformers import Trainer, TrainingArguments
 
-from preproj.data import resolve_data_dir, training_corpus
+from preproj.data import DataNotFound, resolve_data_dir, training_corpus
 from preproj.peft import PreProjPeftConfig
 from preproj.training.windows import tokenize_examples
 
@@ -63,8 +65,11 @@ def main() -> None:
 
     from preproj import load_model
 
+    try:  # the data first: a missing directory is found before the model loads
+        texts, _, description = training_corpus("wikitext2-train", resolve_data_dir(a.data_dir))
+    except DataNotFound as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
     model, tokenizer = load_model(a.model)
-    texts, _, description = training_corpus("wikitext2-train", resolve_data_dir(a.data_dir))
     print(f"training on {description}")
     trainer = train(model, tokenizer, texts, a.out, steps=a.steps)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]

@@ -61,3 +61,19 @@ def test_the_summary_line_shows_a_compiled_runs_first_step_apart():
                 "median_step_seconds": 1.46}
     assert _training_time(compiled) == "80s of training (compiled: first step 41.2s, then 1.46s per step)"
     assert _training_time({**compiled, "compiled": False}) == "80s of training"
+
+
+@pytest.mark.parametrize("command, table", [("train", "trained_methods"), ("pretrain", "pretrain_methods")])
+def test_help_lists_every_method_the_command_accepts(command, table, capsys, monkeypatch):
+    """--help and the refusal of an unknown method read the same table, registered methods included."""
+    monkeypatch.setenv("COLUMNS", "10000")  # argparse wraps at hyphens too: one line per flag
+    from preproj.methods import registry
+    from preproj.training import scratch
+
+    listed = (registry if table == "trained_methods" else scratch).__dict__[table]()
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = capsys.readouterr().out
+    assert f"One of: {', '.join(listed)}." in text
+    assert main([command, "--method", "banana"]) == 2
+    assert ", ".join(listed) in capsys.readouterr().err

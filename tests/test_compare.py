@@ -76,6 +76,9 @@ def test_compare_writes_table_results_and_plots(tmp_path, tiny_real_vocab_model,
         assert p["low"] <= p["effect"] <= p["high"] and p["items"] in (2, 4) and p["verdict"]
     assert (out / "preproj+skip-seed42" / "items.lambada.jsonl").is_file()
     text = (out / "report.md").read_text()
+    # what made it: the report's process, and each run's record (three runs made here, alike)
+    assert results["provenance"]["cpu"] and "## Provenance" in text
+    assert "- 3 run(s) (base-seed42, preproj+skip-seed42, lora-seed42): preproj " in text
     assert f"training {results['precision']}, evaluation fp32" in text
     assert "| preproj+skip | 1 | 0.0003 | 0.01M |" in text and "| base | 1 | – | – |" in text and "| 0 | – |" in text \
         and "## Paired differences" in text and "Pythia-160M" in text and "## What agrees" in text

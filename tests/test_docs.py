@@ -113,3 +113,30 @@ def test_a_sweep_table_is_current_while_the_sweep_runs(tmp_path):
     (tmp_path / "sweep" / "sweep.json").write_text(json.dumps({"chosen": {"preproj+skip": 1e-5, "lora": 1e-4}}))
     rows = _results_tables().sweep_table(tmp_path).splitlines()
     assert rows[2] == "| preproj+skip | 2.9800 (2.9700) | 3.0500 | 1e-05 |"  # the chosen rates' order
+
+
+def test_the_package_metadata_reads_without_a_setuptools_warning():
+    """pyproject.toml as setuptools reads it when installing, every warning an error (a licence given as a TOML table
+    is deprecated; an SPDX expression is the form)."""
+    import warnings
+
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dist = apply_configuration(Distribution(), ROOT / "pyproject.toml")
+    assert dist.metadata.license_expression == "MIT"
+
+
+def test_the_public_api_is_what_docs_api_documents():
+    """`from preproj import *` gives exactly the objects docs/api.md documents (the PEFT config, which needs peft,
+    is imported from preproj.peft)."""
+    import preproj
+
+    documented = re.findall(r"^::: (\S+)$", (ROOT / "docs" / "api.md").read_text(), flags=re.M)
+    names = [d.rpartition(".")[2] for d in documented if not d.startswith("preproj.peft.")]
+    assert sorted(preproj.__all__) == sorted(names)
+    for name, path in zip(names, [d for d in documented if not d.startswith("preproj.peft.")]):
+        module, _, attr = path.rpartition(".")
+        assert getattr(preproj, name) is getattr(__import__(module, fromlist=[attr]), attr), path

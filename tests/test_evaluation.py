@@ -387,6 +387,23 @@ def test_evaluate_removes_its_journal_when_it_returns(tmp_path):
     assert kept["tasks"] == plain["tasks"] and not journal.exists()
 
 
+def test_evaluate_says_which_adapter_the_model_carries(tmp_path):
+    from preproj import PreProjConfig, attach, detach, load_adapter, save_adapter
+    from preproj.evaluation import evaluate
+
+    def adapter_of(model, **kw):
+        return evaluate(model, CharTokenizer(), ["wikitext"], limit=1, max_length=32, data_dir=data_dir(),
+                        progress=False, **kw)["adapter"]
+
+    assert adapter_of(tiny_model("llama")) is None
+    model = attach(tiny_model("llama"), PreProjConfig(mode="skip"))
+    assert adapter_of(model) == "skip (attached in memory)"
+    save_adapter(model, tmp_path / "a")
+    loaded = load_adapter(tiny_model("llama"), tmp_path / "a")
+    assert adapter_of(loaded) == str(tmp_path / "a") and adapter_of(loaded, adapter="named") == "named"
+    assert adapter_of(detach(loaded)) is None
+
+
 def test_each_process_keeps_its_own_journal(tmp_path, monkeypatch):
     score = LogLikelihood(tiny_model("llama"), CharTokenizer(), progress=False, journal=tmp_path / "j", journal_key="w")
     assert score.journal_path() == tmp_path / "j"

@@ -227,6 +227,37 @@ def test_cli_exports_a_pretrain_run_with_its_tokenizer_and_card(tmp_path):
     assert (tmp_path / "exported" / "tokenizer.json").is_file()
 
 
+@pytest.mark.integration
+def test_eval_scores_an_export_only_with_the_trust_its_user_gives(tmp_path, capsys):
+    """Without a terminal transformers cannot ask whether to run the directory's code; preproj says what it is and
+    which flag allows it, and with the flag scores the export as it scores the run the export came from."""
+    from conftest import data_dir
+
+    from preproj.cli import main
+
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(f"Line {i}: the quick brown fox jumps over the lazy dog {i % 7} times."
+                              for i in range(200)))
+    run, exported = tmp_path / "run", tmp_path / "exported"
+    assert main(["pretrain", "--data", str(text), "--out", str(run), "--layers", "2", "--d-model", "32",
+                 "--heads", "2", "--seq-len", "32", "--batch-size", "2", "--tokens", "256", "--tokenizer", "train:300",
+                 "--device", "cpu", "--precision", "fp32", "--sample-tokens", "2", "--quiet"]) == 0
+    assert main(["export", "--model", str(run), "--out", str(exported), "--quiet"]) == 0
+    scoring = ["eval", "--tasks", "lambada", "--limit", "3", "--device", "cpu", "--data-dir", str(data_dir()),
+               "--quiet"]
+    capsys.readouterr()
+    assert main([*scoring, "--model", str(exported)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "carries its own modeling code (modeling_preproj.py" in err and "--trust-remote-code" in err
+    assert err.splitlines()[-1].startswith("preproj eval: error:") and "Traceback" not in err
+    assert main([*scoring, "--model", str(exported), "--trust-remote-code", "--out", str(tmp_path / "x.json")]) == 0
+    assert main([*scoring, "--model", str(run), "--adapter", str(run / "adapter"),
+                 "--out", str(tmp_path / "r.json")]) == 0
+    ours, theirs = (json.loads((tmp_path / f"{n}.json").read_text())["tasks"]["lambada"] for n in ("x", "r"))
+    assert ours["n"] == theirs["n"] == 3 and ours["acc"] == theirs["acc"]
+    assert ours["perplexity"] == pytest.approx(theirs["perplexity"], rel=1e-5)
+
+
 def test_cli_export_without_an_adapter_says_what_to_give(tmp_path, capsys):
     from preproj.cli import main
 

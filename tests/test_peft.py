@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -183,6 +184,21 @@ def _example():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.mark.parametrize("where", ["unset", "missing"])
+def test_the_trainer_example_without_data_says_where_to_point_it(tmp_path, where):
+    """No PREPROJ_DATA_DIR (and no Hub), or a directory that is not there: one line, exit 2, before any model loads."""
+    path = Path(__file__).resolve().parents[1] / "examples" / "trainer.py"
+    env = {k: v for k, v in os.environ.items() if k != "PREPROJ_DATA_DIR"}
+    env.update(HF_HUB_OFFLINE="1", PREPROJ_CACHE_DIR=str(tmp_path / "no-cache"))  # no model to load either
+    argv = [sys.executable, str(path), "--model", str(tmp_path / "not-a-model")]
+    if where == "missing":
+        argv += ["--data-dir", str(tmp_path / "nowhere")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    said = done.stderr.strip().splitlines()[-1]
+    assert said.startswith("trainer.py: error:") and ("PREPROJ_DATA_DIR" in said or "not a directory" in said), said
 
 
 def test_transformers_trainer_trains_and_saves_the_adapter(tmp_path):

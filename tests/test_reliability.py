@@ -41,6 +41,8 @@ def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("reliability")
     (root / "corpus.txt").write_text("\n".join(LINES))
     (root / "empty.txt").write_text("")
+    (root / "short-held.txt").write_text("\n".join(f"fox {i}" for i in range(40)))
+    (root / "latin1.txt").write_bytes("\n".join(LINES[:2] + ["café " + line for line in LINES]).encode("latin-1"))
     model = tiny_model_dir(root / "model", LINES)
     gpt2 = tiny_model("gpt2")
     save_adapter(attach(gpt2, PreProjConfig()), root / "gpt2-adapter")
@@ -131,6 +133,11 @@ CASES = [
     ("train-data-missing", lambda e: T(e, "--data", str(e["root"] / "nothing.txt")), "neither a known corpus"),
     ("train-data-empty", lambda e: T(e, "--data", str(e["root"] / "empty.txt")),
      "has no text: every line is empty"),
+    ("train-data-short-held-out", lambda e: T(e, "--data", str(e["root"] / "short-held.txt")),
+     "tokens of held-out text (for a file of your own, its last 5% of lines) in 2 lines: fewer than one window of 16"),
+    ("train-data-not-utf8", lambda e: T(e, "--data", str(e["root"] / "latin1.txt")),
+     "latin1.txt is not UTF-8 text (byte 0xe9 on line 3 is not valid UTF-8): convert it, for a Latin-1 file with "
+     "`iconv -f latin1 -t utf-8 latin1.txt > latin1.utf8.txt`"),
     ("train-checkpoint-corrupt", lambda e: [*T(e, "--resume"), "--out", str(e["root"] / "corrupt-run")],
      "could not be read"),
     ("train-out-holds-a-run", lambda e: [*T(e), "--out", str(e["root"] / "held-run")],
@@ -151,6 +158,8 @@ CASES = [
     ("inspect-mode", lambda e: ["inspect", "--model", e["model"], "--device", "cpu", "--mode", "lora"],
      "mode must join some of"),
     ("inspect-model-missing", lambda e: ["inspect", "--model", str(e["root"] / "nothing")], "No such directory"),
+    ("inspect-mode-before-the-model-loads", lambda e: ["inspect", "--model", str(e["root"] / "nothing"), "--mode",
+                                                       "preproj+banana"], "mode must join some of"),
     ("harness-limit-negative", lambda e: ["harness", "--tasks", "x", "--limit", "-1"],
      "argument --limit: must be >= 1"),
     ("harness-batch-zero", lambda e: ["harness", "--tasks", "x", "--batch-size", "0"],
@@ -216,10 +225,24 @@ def test_a_data_file_that_is_not_there_fails_before_any_model_loads(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_run_that_fails_before_writing_anything_leaves_no_directory(env, tmp_path, capsys):
+    """The lock is the only file such a run made; the directory it made for it goes too (one it found stays)."""
+    short = str(env["root"] / "short-held.txt")
+    assert main([*T(env, "--data", short), "--out", str(tmp_path / "run")]) == 2
+    assert "tokens of held-out text" in capsys.readouterr().err and not (tmp_path / "run").exists()
+    (tmp_path / "mine").mkdir()
+    assert main([*T(env, "--data", short), "--out", str(tmp_path / "mine")]) == 2
+    assert (tmp_path / "mine").is_dir()
+
+
 def test_adapter_of_another_family_is_refused(tmp_path):
     save_adapter(attach(tiny_model("gpt2"), PreProjConfig()), tmp_path / "a")
     with pytest.raises(AdapterError, match="model family mismatch"):
         load_adapter(tiny_model("llama"), tmp_path / "a")
+    # a family row that serves several model types names the model's own type (Gemma 3 is not "gemma2")
+    save_adapter(attach(tiny_model("gemma3_text"), PreProjConfig()), tmp_path / "g")
+    with pytest.raises(AdapterError, match=r"adapter: 'gemma3_text' \(family 'gemma2'\), model: 'llama'\)"):
+        load_adapter(tiny_model("llama"), tmp_path / "g")
 
 
 # --- a run directory belongs to one process ---------------------------------------------------------
@@ -315,6 +338,31 @@ def test_sigint_stops_after_the_step_and_resume_is_bitwise(tmp_path):
     a, b = (load_file(tmp_path / "full" / "adapter_model.safetensors"),
             load_file(tmp_path / "run" / "adapter_model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_second_ctrl_c_during_a_checkpoint_write_is_one_line_and_the_last_checkpoint_stands(env, tmp_path, capsys,
+                                                                                             monkeypatch):
+    run = tmp_path / "run"
+    argv = [*T(env, "--steps", "6", "--save-every", "2", "--eval-every", "100"), "--out", str(run)]
+    real_save, saves = torch.save, {"n": 0}
+
+    def save(obj, f, *a, **k):
+        saves["n"] += 1
+        if saves["n"] == 2:  # the checkpoint at step 4: Ctrl-C, then Ctrl-C again, while it is written
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_save(obj, f, *a, **k)
+
+    monkeypatch.setattr(torch, "save", save)
+    assert main(argv) == 128 + signal.SIGINT
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and err.splitlines()[-1].startswith("preproj train: stopped at once by Ctrl-C; the "
+                                                                      "last good checkpoint is kept")
+    assert "--resume" in err.splitlines()[-1]
+    assert torch.load(run / "checkpoint" / "state.pt", weights_only=True)["step"] == 2
+    assert not list((run / "checkpoint").glob(".*.tmp"))
+    monkeypatch.setattr(torch, "save", real_save)
+    assert main([*argv, "--resume"]) == 0
 
 
 # --- a failed write keeps the last good files ------------------------------------------------------
@@ -447,13 +495,13 @@ def test_a_stopped_eval_resumes_at_the_batch_it_was_in(env, tmp_path, monkeypatc
     assert main([*argv, "--out", str(whole)]) == 0
     stop_at = len(calls) - 1
     calls.clear()
-    with pytest.raises(KeyboardInterrupt):
-        main([*argv, "--out", str(stopped)])
+    assert main([*argv, "--out", str(stopped)]) == 128 + signal.SIGINT  # Ctrl-C: one line, the journal kept
     assert len((tmp_path / "stopped.json.journal").read_text().splitlines()) == stop_at
     calls.clear()
     stop_at = None
     assert main([*argv, "--out", str(stopped)]) == 0
     assert len(calls) == 1  # the batch it was in
     a, b = json.loads(whole.read_text()), json.loads(stopped.read_text())
-    assert a.pop("seconds").keys() == b.pop("seconds").keys() and a == b
+    assert a.pop("seconds").keys() == b.pop("seconds").keys()
+    assert a.pop("provenance").keys() == b.pop("provenance").keys() and a == b  # the records differ in their time
     assert not (tmp_path / "stopped.json.journal").exists()

@@ -253,3 +253,25 @@ def test_a_study_commits_its_results_with_the_tables_written_from_them(tmp_path)
     (tmp_path / "results/demo/value").write_text("bad\n")
     sh(f'source "{lib}"; commit_runs results/demo demo')
     assert sh("git show HEAD:results/demo/value") == "2\n"  # its tables cannot be written: not committed
+
+
+def test_equivalence_needs_every_tasks_interval_inside_its_margin(tmp_path):
+    """scripts/equivalence.py: absolute and relative margins, every task must pass (intersection-union), a task that
+    was not compared fails, and decision.json says so."""
+    eq = _load("equivalence")
+    plan = {"margins": {"lambada": 0.01, "wikitext": "1% of A's word perplexity"}}
+
+    def row(metric, a, low, high):
+        return {"metric": metric, "a": a, "b": a + (low + high) / 2, "effect": (low + high) / 2, "low": low,
+                "high": high}
+
+    inside = [row("lambada.acc", 0.4, -0.008, 0.009), row("wikitext.word_perplexity", 20.0, -0.15, 0.19)]
+    assert eq.decide(plan, inside)["equivalent"]
+    wide = [inside[0], row("wikitext.word_perplexity", 20.0, -0.15, 0.21)]  # the margin is 0.2 here
+    found = eq.decide(plan, wide)
+    assert not found["equivalent"] and [t["equivalent"] for t in found["tasks"]] == [True, False]
+    assert not eq.decide(plan, inside[:1])["equivalent"]
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    (tmp_path / "paired.json").write_text(json.dumps({"paired": inside}))
+    assert eq.main(str(tmp_path / "plan.json"), str(tmp_path / "paired.json")) == 0
+    assert json.loads((tmp_path / "decision.json").read_text())["equivalent"] is True

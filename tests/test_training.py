@@ -53,6 +53,31 @@ def test_run_writes_adapter_logs_and_summary(tmp_path, corpus):
         train(args, tiny_model("llama"), CharTokenizer(), progress=False)
 
 
+def test_a_run_records_what_made_it(tmp_path, corpus):
+    """The code (version, git commit, whether src/ differed from it), the libraries, the CPU and its instruction sets,
+    the threads and the command: in train_config.json (the process that began the run) and summary.json (the one that
+    finished it)."""
+    import subprocess
+    import sys
+    from importlib.metadata import version
+
+    from preproj.runtime.provenance import describe
+
+    summary, _ = train(args_for(tmp_path, corpus, steps=2), tiny_model("llama"), CharTokenizer(), progress=False)
+    began = json.loads((tmp_path / "run" / "train_config.json").read_text())["provenance"]
+    for record in (began, summary["provenance"]):
+        assert record["libraries"]["torch"] == version("torch") and record["preproj"] == version("preproj")
+        assert record["threads"] == torch.get_num_threads() and record["cpu"] and sys.argv[0] in record["command"]
+        assert record["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
+    if head:  # a checkout: the commit is the one the code came from
+        assert began["git_commit"] == head and isinstance(began["git_dirty"], bool)
+        assert f"git {head[:7]}" in describe(began)
+    assert "threads" in describe(began) and describe(None).startswith("not recorded")
+    # check_same_run compares arguments, not records: a resume on another machine is the same run
+    train(args_for(tmp_path, corpus, steps=2, resume=True), tiny_model("llama"), CharTokenizer(), progress=False)
+
+
 @pytest.mark.parametrize("method", ["preproj+skip", "gate", "value-residual", "pre-mlp"])
 def test_killed_run_resumes_to_the_same_adapter_bitwise(tmp_path, corpus, method):
     full, _ = train(args_for(tmp_path, corpus, out=str(tmp_path / "full"), method=method), tiny_model("llama"),
@@ -291,6 +316,10 @@ def test_a_users_own_text_keeps_every_non_empty_line_in_any_of_three_forms(tmp_p
     train, held, desc = datasets.training_corpus(str(tmp_path / "verse.txt"))
     assert len(train) + len(held) == 50 and len(held) == 2 and train[0] == "roses are red"
     assert desc == "verse.txt: 50 non-empty lines kept (20 blank dropped); the first 48 train, the last 2 held out"
+    # the newline that ends a file's last line opens no blank line
+    (tmp_path / "sixty.txt").write_text("".join(f"line {i}\n" for i in range(60)))
+    desc = datasets.training_corpus(str(tmp_path / "sixty.txt"))[2]
+    assert desc.startswith("sixty.txt: 60 non-empty lines kept (0 blank dropped);")
     (tmp_path / "chat.jsonl").write_text("\n".join(json.dumps({"text": f"hi {i}\nhello {i}"}) for i in range(10)))
     train, held, _ = datasets.training_corpus(str(tmp_path / "chat.jsonl"))
     assert train[:2] == ["hi 0", "hello 0"] and len(train) + len(held) == 20

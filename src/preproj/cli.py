@@ -10,6 +10,7 @@ import dataclasses
 import json
 import logging
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -44,12 +45,14 @@ def _typed(name: str, kind):
     return parse if kind in (int, float) else kind
 
 
-def _add_dataclass_args(parser: argparse.ArgumentParser, cls) -> None:
-    """One --flag per dataclass field; the help text is the field's docstring (litgpt-style)."""
+def _add_dataclass_args(parser: argparse.ArgumentParser, cls, choices: dict | None = None) -> None:
+    """One --flag per dataclass field; the help text is the field's docstring (litgpt-style), followed by the
+    field's choices where a table holds them (choices: field -> a function listing them, as the table is now)."""
     docs = _field_docs(cls)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
-        help_text = f"{docs.get(f.name, '')} (default: {f.default})".replace("%", "%%")
+        listed = f" One of: {', '.join(choices[f.name]())}." if choices and f.name in choices else ""
+        help_text = f"{docs.get(f.name, '')}{listed} (default: {f.default})".replace("%", "%%")
         if f.type in (bool, "bool"):
             action = argparse.BooleanOptionalAction if f.default else "store_true"  # a default of True needs --no-X
             parser.add_argument(flag, action=action, default=f.default, help=help_text)
@@ -81,13 +84,15 @@ def _field_docs(cls) -> dict[str, str]:
 
 
 def _inspect(ns: argparse.Namespace) -> int:
-    from .experiments.inspection import InspectArgs, format_report, inspect_model
+    from .experiments.inspection import InspectArgs, check_inspect_args, format_report, inspect_model
     from .runtime.loading import load_model
 
     args = _args(ns, InspectArgs)
+    check_inspect_args(args)  # a typo in --mode is found before the model loads
     start = time.monotonic()
     print(f"loading {args.model} ...", file=sys.stderr)
-    model, tokenizer = load_model(args.model, dtype=args.precision, device=args.device)
+    model, tokenizer = load_model(args.model, dtype=args.precision, device=args.device,
+                                  trust_remote_code=args.trust_remote_code)
     print(f"measuring (K/V cache at {args.context} tokens, greedy samples) ...", file=sys.stderr)
     report = inspect_model(model, tokenizer, args)
     print(format_report(report))
@@ -101,7 +106,8 @@ def _inspect(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _load(model_name: str, adapter: str | None, precision: str = "fp32", device: str = "auto"):
+def _load(model_name: str, adapter: str | None, precision: str = "fp32", device: str = "auto",
+          trust_remote_code: bool = False):
     from .core.adapter import load_adapter
     from .runtime import distributed as ddist
     from .runtime.loading import load_model
@@ -112,7 +118,7 @@ def _load(model_name: str, adapter: str | None, precision: str = "fp32", device:
     ddist.main_prints(ddist.setup(device))
     print(f"loading {model_name}" + (f" + adapter {adapter}" if adapter else "") + f" ({p.name}, {device}) ...",
           file=sys.stderr)
-    model, tokenizer = load_model(model_name, dtype=p.weights, device=device)
+    model, tokenizer = load_model(model_name, dtype=p.weights, device=device, trust_remote_code=trust_remote_code)
     if adapter:
         model = load_adapter(model, adapter, dtype=p.adapter)  # a PeftModel for the LoRA baselines
     return model, tokenizer
@@ -127,7 +133,7 @@ def _eval(ns: argparse.Namespace) -> int:
         raise ValueError("--items writes next to --out; give --out too.")
     items_out = str(Path(args.out).with_suffix("")) + ".items.jsonl" if args.items else None
     start = time.monotonic()
-    model, tokenizer = _load(args.model, args.adapter, args.precision, args.device)
+    model, tokenizer = _load(args.model, args.adapter, args.precision, args.device, args.trust_remote_code)
     if args.merge_lora:
         from .methods.lora import merged_for_evaluation
 
@@ -157,7 +163,7 @@ def _harness(ns: argparse.Namespace) -> int:
     from .evaluation.harness import run_harness
 
     start = time.monotonic()
-    model, tokenizer = _load(ns.model, ns.adapter)
+    model, tokenizer = _load(ns.model, ns.adapter, trust_remote_code=ns.trust_remote_code)
     results = run_harness(model, tokenizer, ns.tasks.split(","), limit=ns.limit, batch_size=ns.batch_size,
                           include_path=ns.include_path, num_fewshot=ns.num_fewshot)
     from lm_eval.utils import make_table
@@ -185,7 +191,8 @@ def _export(ns: argparse.Namespace) -> int:
     out = export(model, ns.out, tokenizer, dtype=ns.dtype, run_dir=run_dir)
     size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
     print(f"summary: wrote {out} ({size:.0f} MiB, {ns.dtype}) in {time.monotonic() - start:.0f}s; load it with "
-          f"AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)")
+          f"AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True), or score it with "
+          f"`preproj eval --model {out} --trust-remote-code`")
     return 0
 
 
@@ -403,6 +410,8 @@ def _paired_flags(p: argparse.ArgumentParser) -> None:
 def _harness_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m", help="Embedded name, hub id or local directory.")
     p.add_argument("--adapter", default=None, help="Directory of a saved adapter to load onto the model.")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="Run the modeling code a model directory carries (a `preproj export` directory).")
     p.add_argument("--tasks", required=True, help="Comma-separated lm-eval task names.")
     p.add_argument("--limit", type=_typed("limit", int), default=None, help="First N items of each task.")
     p.add_argument("--num-fewshot", type=_typed("num_fewshot", int), default=None,
@@ -417,7 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .experiments.compare import CompareArgs
     from .experiments.inspection import InspectArgs
     from .experiments.scaling import ScalingArgs
+    from .methods.registry import trained_methods
     from .training import PretrainArgs, TrainArgs
+    from .training.scratch import pretrain_methods
 
     def inspect_flags(p):
         _add_dataclass_args(p, InspectArgs)
@@ -442,6 +453,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("harness", "Run any lm-evaluation-harness task on a (possibly adapted) model (needs lm-eval).",
          _harness_flags, _harness),
     )
+    # fields whose values a table holds: --help lists them as the table is now (registered methods included)
+    choices = {TrainArgs: {"method": trained_methods}, PretrainArgs: {"method": pretrain_methods}}
     parser = _Parser(prog="preproj", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"preproj {_version()}")
     talk = argparse.ArgumentParser(add_help=False)  # every command takes --quiet and --verbose
@@ -452,7 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text, flags, run in commands:
         p = sub.add_parser(name, help=help_text, parents=[talk])
         if dataclasses.is_dataclass(flags):
-            _add_dataclass_args(p, flags)
+            _add_dataclass_args(p, flags, choices.get(flags))
         else:
             flags(p)
         p.set_defaults(run=run)
@@ -481,6 +494,11 @@ def main(argv: list[str] | None = None) -> int:
         how = "the same command and --resume" if ns.command in RESUMES_WITH_FLAG else "the same command"
         print(f"preproj {ns.command}: {e} Continue with {how}: {resume_command(ns.command, argv)}", file=sys.stderr)
         return 128 + e.signal
+    except KeyboardInterrupt:  # a second Ctrl-C (or one outside a training loop): at once, in one line
+        print(f"preproj {ns.command}: stopped at once by Ctrl-C; the last good checkpoint is kept (checkpoints and "
+              f"results are written under a temporary name and renamed). Continue with: "
+              f"{resume_command(ns.command, argv)}", file=sys.stderr)
+        return 128 + signal.SIGINT
     except (ModelLoadError, AdapterError, DataNotFound, TrainingDiverged, CheckpointError, RunInUse, WriteFailed,
             ValueError) as e:
         print(f"preproj {ns.command}: error: {e}", file=sys.stderr)

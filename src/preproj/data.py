@@ -60,6 +60,13 @@ def _local(name: str, data_dir: Path | None) -> Path | None:
     return path if path.is_file() else None
 
 
+def _local_only(name: str, key: str, data_dir: Path | None) -> DataNotFound:
+    """A data set only a local data directory has (the Hub has no copy of it)."""
+    where = (f"{data_dir} has no such file" if data_dir else
+             f"no --data-dir given and ${DATA_ENV} is not set; point either at a folder laid out as ../shared/data")
+    return DataNotFound(f"{name} needs {LOCAL_FILES[key]} in the data directory: {where}.")
+
+
 def _hub(name: str, data_dir: Path | None):
     from .runtime import hub
 
@@ -199,7 +206,7 @@ def hellaswag(data_dir: Path | None = None, full: bool = False) -> list[dict]:
 def _hellaswag_full(data_dir: Path | None) -> list[dict]:
     path = _local("hellaswag_full", data_dir)
     if path is None:
-        raise DataNotFound(f"hellaswag_full needs {LOCAL_FILES['hellaswag_full']} in the data directory.")
+        raise _local_only("hellaswag_full", "hellaswag_full", data_dir)
     lines = path.read_text(encoding="utf-8").split("\n")
     docs = []
     for i in range(0, len(lines) - 5, 6):
@@ -271,7 +278,7 @@ def training_corpus(name: str, data_dir: Path | None = None, *,
     elif name == "wikitext2-train":
         path = _local("wikitext2_train_tokens", data_dir)
         if path is None:
-            raise DataNotFound(f"wikitext2-train needs {LOCAL_FILES['wikitext2_train_tokens']} in the data directory.")
+            raise _local_only("wikitext2-train", "wikitext2_train_tokens", data_dir)
         import lzma
 
         with lzma.open(path, "rt", encoding="utf-8") as f:
@@ -321,6 +328,21 @@ def _no_such_source(name: str) -> DataNotFound:
                         "directory.")
 
 
+def _user_lines(path: Path) -> list[str]:
+    """A user's text file as lines (a final newline ends the last line; it opens no blank one), or one line that says
+    the file is not UTF-8, where, and how to convert it."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise DataNotFound(f"{path} is not UTF-8 text (byte 0x{data[e.start]:02x} on line {line} is not valid "
+                           f"UTF-8): convert it, for a Latin-1 file with `iconv -f latin1 -t utf-8 {path.name} > "
+                           f"{path.stem}.utf8{path.suffix}`, and give --data the converted file.") from None
+    lines = text.split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
 def user_text(path: Path) -> tuple[list[str], list[str], str]:
     """(train lines, held-out lines, one line saying what was kept) from a user's own text, as it is: a text file, a
     JSON Lines file of {"text": ...} records, or a directory of .txt files (in name order). Every non-empty line
@@ -330,11 +352,11 @@ def user_text(path: Path) -> tuple[list[str], list[str], str]:
         if not files:
             raise DataNotFound(f"--data {str(path)!r} is a directory without .txt files; give a file, a JSON Lines "
                                "file with a 'text' field, or a directory of .txt files.")
-        raw = [line for f in files for line in f.read_text(encoding="utf-8").split("\n")]
+        raw = [line for f in files for line in _user_lines(f)]
         source = f"{path.name}/ ({len(files)} .txt files)"
     elif path.is_file() and path.suffix in (".jsonl", ".json"):
         raw = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for number, line in enumerate(_user_lines(path), 1):
             if not line.strip():
                 continue
             try:
@@ -348,7 +370,7 @@ def user_text(path: Path) -> tuple[list[str], list[str], str]:
             raw += record["text"].split("\n")
         source = path.name
     elif path.is_file():
-        raw = path.read_text(encoding="utf-8").split("\n")
+        raw = _user_lines(path)
         source = path.name
     else:
         raise _no_such_source(str(path))

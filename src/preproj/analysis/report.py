@@ -8,6 +8,7 @@ import json
 import numpy as np
 
 from ..evaluation.tasks import Metric, columns
+from ..runtime.provenance import describe
 from .pairing import column_names, digits, family_sizes, interval_text, other_convention, plan_alpha, verdict_in
 from .paper import PAPER_COLUMNS, PAPER_TABLE, claims_table
 from .stats import RULE, p_text
@@ -100,7 +101,18 @@ def render_report(report: dict) -> str:
                   "uncorrected). The depth claim uses a t interval over seeds.", ""]
         lines += claims_table(report.get("claims", []), report.get("depth"), digits, alpha)
     lines += ["", "## What agrees and what does not", "", agreement_paragraph(report), ""]
+    lines += provenance_section(report)
     return "\n".join(lines)
+
+
+def provenance_section(report: dict) -> list[str]:
+    """What made the runs (each run's record, grouped) and this report. Empty for a report without a record."""
+    if "provenance" not in report:
+        return []
+    made = report.get("runs_provenance") or {}
+    lines = ["## Provenance", "", f"This report: {describe(report['provenance'])}.", ""]
+    lines += [f"- {len(runs)} run(s) ({', '.join(runs)}): {line}" for line, runs in made.items()]
+    return lines + [""]
 
 
 CORRECTIONS = {"holm": "Holm's method", "benjamini-hochberg": "Benjamini-Hochberg"}

@@ -95,11 +95,17 @@ def check_compatible(meta: dict, model: nn.Module, directory, config: PreProjCon
         have = adapter_metadata(model, config)
     except ValueError as e:  # a model of a family the adapter cannot be rebuilt on
         raise AdapterError(f"Adapter in {directory} does not fit this model: {e}") from None
+    def described(record: dict, key: str) -> str:
+        # a family row serves several model types (gemma2 builds Gemma 3 too): the model's own type is named with it
+        if key == "family" and record.get("model_type") and record["model_type"] != record.get("family"):
+            return f"{record['model_type']!r} (family {record.get('family')!r})"
+        return repr(record.get(key))
+
     for key, what in (("family", "model family"), ("hidden_size", "hidden size"), ("num_hidden_layers", "layer count")):
         if meta.get(key) != have[key]:
             raise AdapterError(
                 f"Adapter in {directory} does not fit this model: {what} mismatch "
-                f"(adapter: {meta.get(key)!r}, model: {have[key]!r}). "
+                f"(adapter: {described(meta, key)}, model: {described(have, key)}). "
                 f"It was trained on {meta.get('base_model_name_or_path') or meta.get('model_type')!r}."
             )
 
@@ -114,7 +120,9 @@ def load_adapter(model: nn.Module, directory: str | os.PathLike, dtype: torch.dt
     """
     directory = Path(directory)
     if _read_json(directory / CONFIG_NAME).get("peft_type") == "LORA":
-        return _load_lora(model, directory, dtype)
+        model = _load_lora(model, directory, dtype)
+        model.preproj_adapter_dir = str(directory)
+        return model
     meta = read_adapter_config(directory)
     try:
         config = config_from_metadata(meta)
@@ -145,8 +153,22 @@ def load_adapter(model: nn.Module, directory: str | os.PathLike, dtype: torch.dt
         for key, param in expected.items():
             param.copy_(tensors[key])
     if (directory / "lora" / CONFIG_NAME).is_file():
-        return _load_lora(model, directory / "lora", dtype)
+        model = _load_lora(model, directory / "lora", dtype)
+    model.preproj_adapter_dir = str(directory)
     return model
+
+
+def describe_adapter(model: nn.Module) -> str | None:
+    """The adapter a model carries, for a results file: the directory load_adapter read it from, else what is
+    attached in memory, else None."""
+    loaded = getattr(model, "preproj_adapter_dir", None)
+    if loaded:
+        return loaded
+    config = getattr(model, "preproj_config", None)
+    peft = getattr(model, "peft_config", None)
+    attached = ([config.mode] if config is not None else []) + [
+        str(getattr(c, "peft_type", "peft")).rpartition(".")[2].lower() for c in (peft or {}).values()]
+    return f"{' + '.join(attached)} (attached in memory)" if attached else None
 
 
 def _load_lora(model: nn.Module, directory: Path, dtype: torch.dtype | None = None):

@@ -111,6 +111,8 @@ def detach(model: nn.Module) -> nn.Module:
         del model._preproj_requires_grad
     if hasattr(model, "preproj_config"):
         del model.preproj_config
+    if hasattr(model, "preproj_adapter_dir"):  # where load_adapter read it from
+        del model.preproj_adapter_dir
     if hasattr(model, "_preproj_head_hook"):
         model._preproj_head_hook.remove()
         del model._preproj_head_hook

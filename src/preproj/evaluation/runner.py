@@ -10,12 +10,14 @@ from pathlib import Path
 from torch import nn
 
 from .. import data
+from ..core.adapter import describe_adapter
 from ..core.compiling import compiled_blocks, wants_compile
 from ..runtime import distributed as ddist
 from ..runtime.files import write_json, write_jsonl
 from ..runtime.loading import model_max_length
 from ..runtime.precision import check_weights_dtype
 from ..runtime.precision import precision as as_precision
+from ..runtime.provenance import provenance
 from ..runtime.validation import check_value, check_within_context
 from .engine import LogLikelihood
 from .tasks import PAPER_LIMIT, PROTOCOLS, TASK_TABLE, default_tasks, run_task
@@ -29,6 +31,9 @@ class EvalArgs:
     """Embedded name, Hugging Face hub id or local directory."""
     adapter: str | None = None
     """Directory of a saved adapter to load onto the model (None: the base model)."""
+    trust_remote_code: bool = False
+    """Run the modeling code a model directory carries (a `preproj export` directory, or a hub model with its own
+    code); without it such a model is refused, naming the files."""
     tasks: str = ",".join(default_tasks())
     """Comma-separated tasks of the task table (evaluation/tasks/): lambada, hellaswag, arc_easy, wikitext by default;
     wikitext_file (WikiText-2 test in the training text's format) and hellaswag_full (llama.cpp's 10,042 items)."""
@@ -105,7 +110,7 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] | None = None, 
                           progress=progress, journal=journal, journal_key=journal_key)
     report = {
         "model": model_name or getattr(model.config, "_name_or_path", None),
-        "adapter": adapter,
+        "adapter": adapter or describe_adapter(model),
         "protocol": protocol,
         "tasks": {},
         "limit": limit if protocol == "harness" or limit is not None else PAPER_LIMIT,
@@ -113,6 +118,7 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] | None = None, 
         "precision": precision,
         "seconds": {},
         "notes": [],
+        "provenance": provenance(),
     }
     was_training = model.training
     model.eval()

@@ -41,11 +41,12 @@ from ..runtime.files import atomic_write, write_json
 from ..runtime.loading import load_model
 from ..runtime.precision import precision as as_precision
 from ..runtime.precision import resolve_device
+from ..runtime.provenance import describe, provenance
 from ..runtime.validation import check_args
 from ..training import TrainArgs, train
-from ..training.args import changed_arguments
 from .compare_args import PRESETS, CompareArgs
 from .retrain import NotTheScoredWeights, retrain_dir, retrained, trained_weights_digest
+from .reuse import eval_setting, finished_run
 from .sweep import sweep_learning_rates
 
 logger = logging.getLogger(__name__)
@@ -132,11 +133,11 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
         lr = None if method == "base" else fixed_lr or (sweep["chosen"][method] if sweep else train_args["lr"])
         run_dir = out / f"{arm}-seed{seed}"
         if (run_dir / "result.json").is_file():  # resumable: a finished (arm, seed) is not redone
-            run = _finished_run(run_dir, arm, seed, lr, swept=bool(sweep) and fixed_lr is None,
+            run = finished_run(run_dir, arm, seed, lr, swept=bool(sweep) and fixed_lr is None,
                                 recorded_as=_run_train_args(args, method, seed, lr, run_dir, train_args, precision,
                                                             device, resolved=True),
                                 model=args.model,
-                                scored_as={t: _eval_setting(t, eval_cfg, limits, eval_precision) for t in all_tasks})
+                                scored_as={t: eval_setting(t, eval_cfg, limits, eval_precision) for t in all_tasks})
             missing = [t for t in all_tasks if t not in run["tasks"]]
             if args.fill_missing and missing and not args.report_only:
                 run = _fill_missing(args, run, method, run_dir, missing, eval_cfg, limits, precision, eval_precision,
@@ -199,32 +200,6 @@ def _learning_rates(args: CompareArgs, methods: list[str], preset: dict, train_a
     return sweep_learning_rates(args, swept, train_args, lr_sweep, steps, n_seeds, precision, device, progress)
 
 
-def _finished_run(run_dir: Path, arm: str, seed: int, lr: float | None, *, swept: bool, recorded_as: TrainArgs | None,
-                  model: str, scored_as: dict[str, dict]) -> dict:
-    """A finished (arm, seed), refused when it was trained or scored otherwise than this comparison would: it would
-    be reported under arguments it did not run with. Each changed field is named."""
-    run = json.loads((run_dir / "result.json").read_text())
-    trained_at = run["lr"]
-    if swept and lr is not None and trained_at is not None and not math.isclose(trained_at, lr):
-        keep_as = run_dir.parent / f"{arm}@{trained_at:g}-seed{seed}"
-        raise ValueError(f"{run_dir} was trained at lr {trained_at:g} but the sweep now picks {lr:g} for {arm}: "
-                         f"rename it to {keep_as} to keep it as that arm, then run again.")
-    changed = [] if "model" not in run or run["model"] == model else [f"model {run['model']!r} -> {model!r}"]
-    if recorded_as is not None:
-        changed += changed_arguments(run_dir / "train_config.json", recorded_as)
-    for task, setting in scored_as.items():
-        done_task = run_dir / f"eval.{task}.json"
-        scored = json.loads(done_task.read_text()).get("setting", {}) if done_task.is_file() else {}
-        changed += [f"{task} {k} {scored[k]!r} -> {v!r}" for k, v in setting.items() if k in scored and scored[k] != v]
-    if changed:
-        raise ValueError(f"{run_dir} finished with other arguments than this comparison's ({'; '.join(changed)}), "
-                         "and would be reported under the new ones: rerun with the recorded ones (its "
-                         "train_config.json and eval.TASK.json), or give another --out.")
-    run["method"], run["run_dir"] = arm, run_dir.name  # where it is now: a run may be moved to keep it as an arm
-    logger.info(f"[compare] {arm} seed {seed}: already done, reusing {run_dir / 'result.json'}")
-    return run
-
-
 def _run_train_args(args: CompareArgs, method: str, seed: int, lr: float | None, run_dir: Path, train_args: dict,
                     precision, device, resolved: bool = False) -> TrainArgs | None:
     """The TrainArgs an arm trains with (None for the base); `resolved`: as train() records them, with the
@@ -237,12 +212,6 @@ def _run_train_args(args: CompareArgs, method: str, seed: int, lr: float | None,
     if resolved:
         targs = replace(targs, compile=wants_compile(args.compile, device, bf16=precision.uses_bf16))
     return targs
-
-
-def _eval_setting(task: str, eval_cfg: dict, limits: dict, eval_precision) -> dict:
-    """How a task is scored in this comparison (the weights' digest is added where they are known)."""
-    return {"protocol": eval_cfg["protocol"], "limit": limits.get(task if task in limits else task.split("_")[0]),
-            "max_length": eval_cfg["max_length"], "precision": eval_precision.name}
 
 
 def _run_arm(args: CompareArgs, arm: str, method: str, seed: int, lr: float | None, run_dir: Path, train_args: dict,
@@ -266,7 +235,7 @@ def _run_arm(args: CompareArgs, arm: str, method: str, seed: int, lr: float | No
               "train_seconds": summary.get("train_seconds") if summary else 0.0,
               "eval_seconds": None if None in task_seconds.values() else sum(task_seconds.values()),
               "skip_norms": summary["skip_norms"] if summary else None,
-              "log": _read_log(run_dir) if summary else []}
+              "log": _read_log(run_dir) if summary else [], "provenance": provenance()}
     if r.is_main:
         write_json(run_dir / "result.json", result)
     logger.info(f"[compare] {arm} seed {seed}: " + ", ".join(
@@ -304,7 +273,7 @@ def _evaluate_arm(args: CompareArgs, model, tokenizer, run_dir: Path, weights: s
     tasks, task_seconds = {}, {}
     for task in only or (*default_tasks(), *eval_cfg.get("extra_tasks", ())):
         done_task, items = run_dir / f"eval.{task}.json", run_dir / f"items.{task}.jsonl"
-        setting = {**_eval_setting(task, eval_cfg, limits, eval_precision), "weights": weights}
+        setting = {**eval_setting(task, eval_cfg, limits, eval_precision), "weights": weights}
         limit = setting["limit"]  # a variant takes its task's limit
         kept = json.loads(done_task.read_text()) if done_task.is_file() and items.is_file() else {}
         if kept.get("setting") == setting:
@@ -367,8 +336,12 @@ def summarise(runs: list[dict], methods: list[str], args: CompareArgs, protocol:
             "skip_norms": np.mean(norms, axis=0).tolist() if norms else None,
             "lr": mine[0].get("lr"),
         }
+    made: dict[str, list[str]] = {}  # each run's record of what made it, runs with the same record together
+    for r in runs:
+        made.setdefault(describe(r.get("provenance")), []).append(r["run_dir"])
     return {"model": args.model, "preset": args.preset, "protocol": protocol, "seeds": seeds, "eval_limits": limits,
-            "train": train_args, "methods": table, "wall_seconds": seconds, "args": asdict(args)}
+            "train": train_args, "methods": table, "wall_seconds": seconds, "args": asdict(args),
+            "provenance": provenance(), "runs_provenance": made}
 
 
 

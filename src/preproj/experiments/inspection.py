@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..core.attach import adapted_layers, attach, trainable_parameters
-from ..core.config import PreProjConfig
+from ..core.config import PreProjConfig, canonical_mode
 from ..core.families import FAMILIES, decoder_layers, family_of, input_norm_of
 from ..runtime.loading import count_parameters
 from ..runtime.precision import precision as as_precision
@@ -22,6 +22,9 @@ class InspectArgs:
 
     model: str = "smollm2-135m"
     """Embedded name, Hugging Face hub id or local directory."""
+    trust_remote_code: bool = False
+    """Run the modeling code a model directory carries (a `preproj export` directory); without it such a model is
+    refused, naming the files."""
     mode: str = "preproj+skip"
     """Adapter mode to inspect: preproj, skip or preproj+skip, or with block changes joined by '+' (gate,
     gate-head, value-residual, pre-mlp)."""
@@ -59,12 +62,19 @@ def greedy_sample(model, tokenizer, prompt: str, new_tokens: int) -> str:
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 
+def check_inspect_args(args: InspectArgs) -> None:
+    """Every argument checked before anything loads."""
+    check_args(args)
+    as_precision(args.precision)
+    canonical_mode(args.mode)
+
+
 def inspect_model(model: nn.Module, tokenizer, args: InspectArgs) -> dict:
+    check_inspect_args(args)
     family = family_of(model)
     norm = input_norm_of(model, family)
     d, n_layers = model.config.hidden_size, len(decoder_layers(model))
     base_params = count_parameters(model)
-    check_args(args)
     p = as_precision(args.precision)
     config = PreProjConfig(mode=args.mode, adapter_dtype=p.adapter_dtype_name)
     torch.manual_seed(args.seed)

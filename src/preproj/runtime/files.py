@@ -3,6 +3,7 @@ process owns at a time."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -110,7 +111,7 @@ class RunLock:
     stale behind and `--resume` just works. The file records the owner for the refusal message."""
 
     def __init__(self, directory: str | os.PathLike, command: str):
-        self.path, self.command, self._fd = Path(directory) / ".lock", command, None
+        self.path, self.command, self._fd, self._made = Path(directory) / ".lock", command, None, False
 
     def __enter__(self) -> RunLock:
         try:
@@ -118,6 +119,7 @@ class RunLock:
         except ImportError:  # no flock on this platform: runs are not protected from each other
             return self
         try:
+            self._made = not self.path.parent.exists()
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
@@ -145,6 +147,12 @@ class RunLock:
 
     def __exit__(self, *exc) -> bool:
         if self._fd is not None:
-            os.close(self._fd)  # closing releases the flock; the file stays, harmless, for the next owner
+            # A run that failed before writing anything leaves no directory it made: removed while still held, so
+            # no other process can be writing there.
+            if self._made and [p.name for p in self.path.parent.iterdir()] == [self.path.name]:
+                self.path.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    self.path.parent.rmdir()
+            os.close(self._fd)  # closing releases the flock; a file left stays, harmless, for the next owner
             self._fd = None
         return False

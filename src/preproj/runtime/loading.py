@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -150,21 +151,27 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def load_model(name: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = torch.float32,
-               device: str | torch.device = "auto"):
+               device: str | torch.device = "auto", trust_remote_code: bool = False):
     """(model, tokenizer) for the embedded default, a Hugging Face hub id or a local directory.
 
     `dtype` is a torch dtype, its name, or a precision word (the dtype that precision loads the base in);
-    `device` is auto (CUDA when present, else the CPU), cpu, cuda, cuda:N or mps."""
+    `device` is auto (CUDA when present, else the CPU), cpu, cuda, cuda:N or mps. `trust_remote_code` runs the
+    modeling code a directory carries (a `preproj export`, for one); without it such a directory is refused."""
     from transformers import AutoModelForCausalLM
 
     device = resolve_device(device)
     check_model_source(name)
     path = _dequantised_checkpoint(name) if name in EMBEDDED else name
+    if not trust_remote_code:
+        refuse_own_code(name)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype))
-        tokenizer = _tokenizer_at(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype), trust_remote_code=trust_remote_code)
+        tokenizer = _tokenizer_at(path, trust_remote_code)
     except (OSError, ValueError) as e:
         said = f"(transformers said: {str(e).strip().splitlines()[0]})"
+        if "trust_remote_code" in str(e):  # a hub model with its own code
+            raise ModelLoadError(f"{name!r} carries its own modeling code, which loading it runs: read it, then pass "
+                                 f"--trust-remote-code (trust_remote_code=True) to load it. {said}") from None
         if Path(name).is_dir():
             raise ModelLoadError(
                 f"Could not load a model from directory {name!r}: it needs config.json, the weights (*.safetensors) "
@@ -213,10 +220,25 @@ def load_tokenizer(name: str):
     return _tokenizer_at(_dequantised_checkpoint(name) if name in EMBEDDED else name)
 
 
-def _tokenizer_at(path):
+def refuse_own_code(name: str) -> None:
+    """A local directory whose config.json maps the model to its own Python files (auto_map) runs that code when
+    loaded: say so and how to allow it, rather than let transformers ask on a terminal (or fail without one)."""
+    config = Path(name).expanduser() / "config.json"
+    try:
+        auto_map = json.loads(config.read_text()).get("auto_map") if config.is_file() else None
+    except (OSError, ValueError):
+        return  # transformers names what is wrong with the file
+    if auto_map:
+        files = sorted({str(target).split("--")[-1].split(".")[0] + ".py" for target in auto_map.values()})
+        raise ModelLoadError(f"{name!r} carries its own modeling code ({', '.join(files)}, named by config.json's "
+                             "auto_map), which loading it runs: read it, then pass --trust-remote-code "
+                             "(trust_remote_code=True) to load it. A `preproj export` directory is such a model.")
+
+
+def _tokenizer_at(path, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -21,7 +21,8 @@ class TrainArgs:
     model: str = "smollm2-135m"
     """Embedded name, Hugging Face hub id or local directory."""
     method: str = "preproj+skip"
-    """preproj, skip, preproj+skip (ours); lora, preproj+lora (baselines through PEFT)."""
+    """What to train, from the method table: preproj, skip and preproj+skip are the paper's; lora and preproj+lora
+    the baselines (through PEFT); the others block changes compared with the skip (docs/guide/variants.md)."""
     out: str = "runs/preproj+skip"
     """Output directory: adapter, config, train_log.jsonl, summary.json, checkpoint/."""
     data: str = "wikitext2"

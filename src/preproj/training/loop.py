@@ -35,6 +35,7 @@ from ..runtime.files import write_json
 from ..runtime.loading import load_model, model_max_length
 from ..runtime.precision import Bf16MatmulsInFloat32, Precision, check_weights_dtype, compute_context, resolve_device
 from ..runtime.precision import precision as as_precision
+from ..runtime.provenance import provenance
 from ..runtime.tracking import Trackers, parse_report_to
 from ..runtime.validation import check_within_context
 from . import checkpointer
@@ -153,7 +154,7 @@ def setup(args: TrainArgs, model, tokenizer, device: torch.device) -> Run:
     data, description = read_data(args, tokenizer, strategy.ranks.world_size)
     config = {**asdict(args), "world_size": strategy.ranks.world_size,
               "global_batch_size": args.batch_size * strategy.ranks.world_size, "trainable_params": n_trainable,
-              "data_description": description}
+              "data_description": description, "provenance": provenance()}
     return Run(args=args, out=Path(args.out), device=device, precision=precision, strategy=strategy, model=model,
                base=base, wrapped=wrapped, params=params,
                optimizer=make_optimizer(list(params.values()), args.lr, args.weight_decay), data=data,
@@ -167,9 +168,10 @@ def read_data(args: TrainArgs, tokenizer, world_size: int) -> tuple[dict[str, to
     train_lines, held_lines, description = training_corpus(args.data, resolve_data_dir(args.data_dir), lines=args.lines)
     if ddist.ranks().is_main:
         logger.info("data: %s", description)  # what was kept, dropped and held out, before any step
-    ids, labels = tokenize_examples(train_lines, tokenizer, args.seq_len, args.packing)
+    ids, labels = tokenize_examples(train_lines, tokenizer, args.seq_len, args.packing, what="training text")
     held_ids, held_labels = tokenize_examples(held_lines, tokenizer, args.seq_len, args.packing,
-                                              max_examples=args.eval_batches * args.batch_size * world_size)
+                                              max_examples=args.eval_batches * args.batch_size * world_size,
+                                              what="held-out text (for a file of your own, its last 5% of lines)")
     return {"ids": ids, "labels": labels, "held_ids": held_ids, "held_labels": held_labels}, description
 
 
@@ -214,30 +216,29 @@ def fit(run: Run, stop: StopRequests, progress: bool) -> None:
     # Training seconds carry over a resume in the log, so a run stopped and resumed reports its whole time;
     # a checkpoint written before the log kept them leaves the total unknown.
     seconds_before = 0.0 if run.step == 0 else run.log[-1].get("seconds")
-    while run.step < args.steps:
-        step_start = time.monotonic()
-        loss = optimizer_step(run)
-        run.step_seconds.append(time.monotonic() - step_start)
-        stepping = time.monotonic() - loop_start - evaluating
-        record = {"step": run.step, "loss": loss, "lr": run.optimizer.param_groups[0]["lr"],
-                  "tokens": run.step * run.tokens_per_step,
-                  "tokens_per_second": (run.step - loop_start_step) * run.tokens_per_step / max(stepping, 1e-9)}
-        if run.step % args.eval_every == 0 or run.step == args.steps:
-            t0 = time.monotonic()
-            record["heldout_loss"] = validate(run)
-            evaluating += time.monotonic() - t0
-        if seconds_before is not None:
-            record["seconds"] = seconds_before + time.monotonic() - loop_start
-        log_step(run, record)
-        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{record['tokens_per_second']:.0f}")
-        bar.update(1)
-        stopping = stop.requested()
-        if run.step % args.save_every == 0 or run.step == args.steps or stopping:
-            run.strategy.save_checkpoint(run.checkpoint, run.wrapped, run.optimizer, run.step, run.log)
-        if stopping and run.step < args.steps:
-            bar.close()
-            raise TrainingInterrupted(stopping, run.step, run.checkpoint)
-    bar.close()
+    with bar:  # closed however the loop ends, before the command line says why
+        while run.step < args.steps:
+            step_start = time.monotonic()
+            loss = optimizer_step(run)
+            run.step_seconds.append(time.monotonic() - step_start)
+            stepping = time.monotonic() - loop_start - evaluating
+            record = {"step": run.step, "loss": loss, "lr": run.optimizer.param_groups[0]["lr"],
+                      "tokens": run.step * run.tokens_per_step,
+                      "tokens_per_second": (run.step - loop_start_step) * run.tokens_per_step / max(stepping, 1e-9)}
+            if run.step % args.eval_every == 0 or run.step == args.steps:
+                t0 = time.monotonic()
+                record["heldout_loss"] = validate(run)
+                evaluating += time.monotonic() - t0
+            if seconds_before is not None:
+                record["seconds"] = seconds_before + time.monotonic() - loop_start
+            log_step(run, record)
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{record['tokens_per_second']:.0f}")
+            bar.update(1)
+            stopping = stop.requested()
+            if run.step % args.save_every == 0 or run.step == args.steps or stopping:
+                run.strategy.save_checkpoint(run.checkpoint, run.wrapped, run.optimizer, run.step, run.log)
+            if stopping and run.step < args.steps:
+                raise TrainingInterrupted(stopping, run.step, run.checkpoint)
 
 
 def optimizer_step(run: Run) -> float:
@@ -362,6 +363,7 @@ def finish(run: Run, wall_start: float) -> dict:
         "precision": run.precision.name, "device": str(run.device), "world_size": strategy.ranks.world_size,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # which kernels: another set rounds otherwise
         "strategy": args.strategy, "data": run.data_description,
+        "provenance": provenance(),  # of the process that finished the run (train_config.json: the one that began it)
     }
     if run.audit:
         summary["bf16_erased_update_fraction"], summary["bf16_erased_update_fraction_by_module"] = run.audit.fractions()

@@ -56,8 +56,8 @@ class PretrainArgs:
     intermediate_size: int | None = None
     """SwiGLU MLP width (default: 8/3 d rounded up to a multiple of 16)."""
     method: str = "preproj+skip"
-    """base (the plain transformer), preproj, skip, preproj+skip, or a block change it is compared with (gate,
-    gate-head, value-residual, pre-mlp, preproj+skip+gate), built in and trained from the start."""
+    """base (the plain transformer), one of the paper's methods, or a block change it is compared with, built in and
+    trained from the start."""
     match: str | None = None
     """With --method base: params or flops. Widen the plain model's MLP so that its parameters (or training FLOPs
     per token) equal those of the --match-to model of this shape within 2%."""

@@ -20,9 +20,9 @@ def encode_as_text(tokenizer, text: str, add_special_tokens: bool = False) -> li
 
 
 def tokenize_examples(texts: list[str], tokenizer, seq_len: int, packing: str = "pack",
-                      max_examples: int | None = None):
+                      max_examples: int | None = None, what: str = "text"):
     """(input_ids, labels), each (N, seq_len) long tensors; label -100 is ignored by the loss. Text is encoded as
-    plain text (encode_as_text).
+    plain text (encode_as_text). `what` names the text in errors ("held-out text").
 
     max_examples stops tokenising once that many examples exist (a held-out set needs only a few).
 
@@ -44,7 +44,7 @@ def tokenize_examples(texts: list[str], tokenizer, seq_len: int, packing: str = 
                 break
         n = len(stream) // body if max_examples is None else min(max_examples, len(stream) // body)
         if n == 0:
-            raise ValueError(f"Only {len(stream)} tokens of text in {len(texts)} lines: fewer than one window of "
+            raise ValueError(f"Only {len(stream)} tokens of {what} in {len(texts)} lines: fewer than one window of "
                              f"{seq_len}; give more text or a smaller --seq-len.")
         ids = torch.tensor(stream[: n * body]).view(n, body)
         ids = torch.cat([torch.tensor(lead, dtype=torch.long).expand(n, len(lead)), ids], dim=1)
