@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PRESETS = {
-    # Sized for the embedded SmolLM2-135M on 2 CPU cores: the whole comparison in under 30 minutes.
+    # Sized for the embedded SmolLM2-135M on 2 CPU cores (README gives its time, measured, with the CPU).
     # One precision trains every method; one evaluates every method, the base included (the two load the
     # base in the same dtype, so the base is exactly the model the methods were trained on).
     "cpu": {
@@ -59,8 +59,8 @@ class CompareArgs:
     seeded_methods: str | None = None
     """Comma-separated methods that get --seeds seeds, the others one; default: the preset's (all trained methods)."""
     preset: str = "cpu"
-    """cpu (embedded model on 2 cores, < 30 min), study (the decisive CPU study: hours, resumable) or paper
-    (PAPER.md §2, for a GPU)."""
+    """cpu (the embedded model on 2 cores: README's main job), study (the decisive CPU study: hours, resumable) or
+    paper (PAPER.md §2, for a GPU)."""
     lr_sweep: str | None = None
     """Comma-separated peak learning rates; each method trains at the one with the lowest held-out loss on the
     training data's validation text after --sweep-steps. Default: the preset's (study: 1e-4,3e-4,1e-3,3e-3);
