@@ -179,6 +179,8 @@ def test_distributed_eval_writes_the_single_process_json(setup, tmp_path):
     run(preproj_cmd(*args, "--out", str(two)))
     a, b = json.loads(one.read_text()), json.loads(two.read_text())
     assert a.pop("seconds").keys() == b.pop("seconds").keys()
+    made = [x.pop("provenance") for x in (a, b)]  # which command, threads and when: the two differ there alone
+    assert made[0]["git_commit"] == made[1]["git_commit"] and made[0]["threads"] == 1
     assert a == b and a["tasks"]["lambada"]["n"] == 7
     assert not list(tmp_path.glob("*.journal*"))  # every process's journal goes when the evaluation is written
 
