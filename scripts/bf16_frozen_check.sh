@@ -22,3 +22,5 @@ for precision in bf16-mixed bf16-frozen; do
 done
 "$P" paired "$OUT/bf16-mixed-seed42/eval.items.jsonl" "$OUT/bf16-frozen-seed42/eval.items.jsonl" \
   --out "$OUT/paired.json"
+# the declared decision: every task's interval inside its margin (decision.json)
+"${PYTHON:-.venv/bin/python}" scripts/equivalence.py "$OUT/plan.json" "$OUT/paired.json"

@@ -55,6 +55,13 @@ def test_auto_precision_is_bf16_autocast_only_where_bf16_matmuls_are_native(monk
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
     assert precision("auto", torch.device("cuda", 0)).name == "bf16-mixed"
     assert precision("auto", "cpu").weights == torch.float32  # either way the base loads in float32
+    # a frozen base (frozen-probe training) is stored in bf16 where bf16 is native, unless it is given in float32
+    # (results/bf16-frozen-check: equivalent to bf16-mixed within its declared margins)
+    assert precision("auto", "cpu", frozen_base=True).name == "bf16-frozen"
+    assert precision("auto", "cpu", frozen_base=True, base_dtype=torch.bfloat16).name == "bf16-frozen"
+    assert precision("auto", "cpu", frozen_base=True, base_dtype=torch.float32).name == "bf16-mixed"
+    _native_bf16(monkeypatch, False)
+    assert precision("auto", "cpu", frozen_base=True).name == "fp32"
 
 
 def _native_bf16(monkeypatch, native: bool) -> None:
@@ -120,6 +127,20 @@ def test_auto_is_resolved_once_and_recorded(tmp_path, monkeypatch):
                        progress=False)
     assert TrainArgs().precision == "auto" and summary["precision"] == "fp32"
     assert json.loads((tmp_path / "run" / "train_config.json").read_text())["precision"] == "fp32"
+    # where bf16 is native: a model passed in float32 trains in bf16-mixed (not refused as bf16-frozen's), one passed
+    # in bf16 in bf16-frozen
+    _native_bf16(monkeypatch, True)
+    for dtype, expected in ((torch.float32, "bf16-mixed"), (torch.bfloat16, "bf16-frozen")):
+        summary, _ = train(TrainArgs(model="tiny", out=str(tmp_path / expected), data=str(corpus), steps=1,
+                                     batch_size=2, seq_len=16, eval_batches=1, device="cpu"),
+                           tiny_model("llama").to(dtype), CharTokenizer(), progress=False)
+        assert summary["precision"] == expected
+    # a run started under 'auto' resumes with the word its start resolved it to, wherever it resumes
+    _native_bf16(monkeypatch, False)
+    summary, _ = train(TrainArgs(model="tiny", out=str(tmp_path / "bf16-frozen"), data=str(corpus), steps=1,
+                                 batch_size=2, seq_len=16, eval_batches=1, device="cpu", resume=True),
+                       tiny_model("llama").to(torch.bfloat16), CharTokenizer(), progress=False)
+    assert summary["precision"] == "bf16-frozen"
 
 
 def test_device_specs_resolve_or_say_what_is_wrong(monkeypatch):

@@ -10,9 +10,11 @@ precision's compute context each bf16 matmul (linear, matmul, bmm, attention) ru
 of the same bf16 values and rounds its output to bf16, which is what a native bf16 GEMM computes
 (float32 accumulation, one rounding of the output), at float32 speed.
 
-The word 'auto' is bf16-mixed where bf16 matmuls are native (CUDA GPUs with bf16, CPUs with avx512_bf16
-or AMX) and fp32 elsewhere: a CPU without them runs bf16 matmuls several times slower than fp32. Both
-load the base in float32. Entry points resolve it once against their device and record the word used.
+The word 'auto' is fp32 where bf16 matmuls are not native (a CPU without avx512_bf16 or AMX runs them several
+times slower than fp32). Where they are (CUDA GPUs with bf16, such CPUs) it is bf16-frozen for frozen-probe
+training, whose base never changes (stored in bf16: half its memory, no cast per use), and bf16-mixed wherever the
+base trains or must stay float32 (pretrain, scaling, a compare scored in fp32, a model passed in float32). Entry
+points resolve it once against their device and record the word used.
 
 A device spec is 'auto' (CUDA when present, else the CPU), 'cpu', 'cuda', 'cuda:N' or 'mps'.
 Under torchrun, 'auto' and 'cuda' mean this process's GPU, cuda:$LOCAL_RANK.
@@ -130,13 +132,21 @@ def native_bf16(device: torch.device | str) -> bool:
     return False
 
 
-def precision(name: str | Precision, device: torch.device | str | None = None) -> Precision:
+def precision(name: str | Precision, device: torch.device | str | None = None, *, frozen_base: bool = False,
+              base_dtype: torch.dtype | None = None) -> Precision:
     """The Precision named `name` ('auto' resolved against `device`, by default the one 'auto' picks); a clear
-    error for anything else."""
+    error for anything else.
+
+    'auto' where bf16 is native: bf16-frozen for a frozen base the caller has not loaded yet or loaded in bf16
+    (frozen_base; results/bf16-frozen-check found it equivalent to bf16-mixed within declared margins, with half the
+    base's memory), else bf16-mixed (a base that trains, or one given in float32)."""
     if isinstance(name, Precision):
         return name
     if name == AUTO:
-        return PRECISIONS["bf16-mixed" if native_bf16(resolve_device() if device is None else device) else "fp32"]
+        if not native_bf16(resolve_device() if device is None else device):
+            return PRECISIONS["fp32"]
+        frozen = frozen_base and base_dtype in (None, torch.bfloat16)
+        return PRECISIONS["bf16-frozen" if frozen else "bf16-mixed"]
     if name in PRECISIONS:
         return PRECISIONS[name]
     hint = (" 'bf16' alone is ambiguous: use bf16-mixed (autocast) or bf16-true (pure bf16 weights)."

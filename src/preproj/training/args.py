@@ -53,9 +53,9 @@ class TrainArgs:
     seed: int = 42
     """Seed of the adapter's initialisation and of the data order."""
     precision: str = "auto"
-    """auto (bf16-mixed where bf16 matmuls are native, else fp32), fp32, bf16-mixed (bf16 autocast, fp32 weights and
-    masters), bf16-true (pure bf16 as in the paper, with an
-    audit of updates that rounding erased) or bf16-frozen (bf16 base, fp32 adapter masters, bf16 autocast)."""
+    """auto (bf16-frozen where bf16 matmuls are native, bf16-mixed for a model passed in float32, else fp32), fp32,
+    bf16-mixed (bf16 autocast, fp32 weights and masters), bf16-true (pure bf16 as in the paper, with an audit of
+    updates that rounding erased) or bf16-frozen (bf16 base, fp32 adapter masters, bf16 autocast)."""
     device: str = "auto"
     """auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps. Under torchrun, each process's own GPU."""
     strategy: str = "ddp"

@@ -33,7 +33,14 @@ from ..methods.registry import build_method, method, save_method, save_model_dir
 from ..runtime import distributed as ddist
 from ..runtime.files import write_json
 from ..runtime.loading import load_model, model_max_length
-from ..runtime.precision import Bf16MatmulsInFloat32, Precision, check_weights_dtype, compute_context, resolve_device
+from ..runtime.precision import (
+    AUTO,
+    Bf16MatmulsInFloat32,
+    Precision,
+    check_weights_dtype,
+    compute_context,
+    resolve_device,
+)
 from ..runtime.precision import precision as as_precision
 from ..runtime.provenance import provenance
 from ..runtime.tracking import Trackers, parse_report_to
@@ -104,7 +111,11 @@ def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True,
     ends the run there."""
     check_train_args(args)
     device = resolve_device(args.device)
-    precision = as_precision(args.precision, device)
+    # 'auto' fits a model passed in (one loaded in float32 trains in bf16-mixed, not refused as bf16-frozen's), and a
+    # resumed run keeps the word its start resolved it to
+    base_dtype = None if model is None else next(model.parameters()).dtype
+    name = recorded_precision(Path(args.out)) if args.resume and args.precision == AUTO else None
+    precision = as_precision(name or args.precision, device, frozen_base=not args.train_base, base_dtype=base_dtype)
     # 'auto' and the default compile resolved once, and recorded
     compiled = wants_compile(args.compile, device, bf16=precision.uses_bf16)
     args = replace(args, precision=precision.name, compile=compiled)
@@ -120,6 +131,14 @@ def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True,
         start_or_resume(run, hold)
         fit(run, stop, progress)
         return finish(run, wall_start), run.model
+
+
+def recorded_precision(out: Path) -> str | None:
+    """The precision a run's train_config.json records (None for a run not started yet)."""
+    try:
+        return json.loads((out / "train_config.json").read_text()).get("precision")
+    except (OSError, ValueError):
+        return None
 
 
 # --- setup ---------------------------------------------------------------------------------------

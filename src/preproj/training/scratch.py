@@ -88,7 +88,8 @@ class PretrainArgs:
     seed: int = 0
     """Seed of the initialisation (base and modules) and of the data order."""
     precision: str = "auto"
-    """auto, fp32, bf16-mixed, bf16-true or bf16-frozen, as for `preproj train`."""
+    """auto (bf16-mixed where bf16 matmuls are native, else fp32: here the base trains), fp32, bf16-mixed, bf16-true or
+    bf16-frozen, as for `preproj train`."""
     device: str = "auto"
     """auto, cpu, cuda, cuda:N or mps."""
     strategy: str = "ddp"
