@@ -193,3 +193,17 @@ def registries():
     yield
     TASK_TABLE.clear(), TASK_TABLE.update(tasks)
     METHODS.clear(), METHODS.update(methods)
+
+
+# The tiers: `pytest -m "not slow"` is the contributor's quick pass, the whole suite is CI's. Slow is what loads an
+# embedded model, needs ../shared/data end to end (integration), starts processes (torchrun, the CLI as a subprocess)
+# or runs lm-evaluation-harness itself.
+SLOW_MODULES = {"test_distributed.py", "test_harness_parity.py"}
+SLOW_FIXTURES = {"smollm2", "gemma3"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if (item.get_closest_marker("integration") or item.path.name in SLOW_MODULES
+                or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))):
+            item.add_marker(pytest.mark.slow)
