@@ -95,6 +95,7 @@ def check_compatible(meta: dict, model: nn.Module, directory, config: PreProjCon
         have = adapter_metadata(model, config)
     except ValueError as e:  # a model of a family the adapter cannot be rebuilt on
         raise AdapterError(f"Adapter in {directory} does not fit this model: {e}") from None
+
     def described(record: dict, key: str) -> str:
         # a family row serves several model types (gemma2 builds Gemma 3 too): the model's own type is named with it
         if key == "family" and record.get("model_type") and record["model_type"] != record.get("family"):

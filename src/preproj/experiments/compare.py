@@ -13,7 +13,7 @@ import math
 import shutil
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +31,6 @@ from ..analysis.stats import (
     t_interval,
     two_seeds_note,
 )
-from ..core.compiling import wants_compile
 from ..evaluation.runner import evaluate
 from ..evaluation.tasks import columns, default_tasks
 from ..methods.lora import merged_for_evaluation
@@ -44,6 +43,7 @@ from ..runtime.precision import resolve_device
 from ..runtime.provenance import describe, provenance
 from ..runtime.validation import check_args
 from ..training import TrainArgs, train
+from ..training.loop import resolved_args
 from .compare_args import PRESETS, CompareArgs
 from .retrain import NotTheScoredWeights, retrain_dir, retrained, trained_weights_digest
 from .reuse import eval_setting, finished_run
@@ -202,16 +202,13 @@ def _learning_rates(args: CompareArgs, methods: list[str], preset: dict, train_a
 
 def _run_train_args(args: CompareArgs, method: str, seed: int, lr: float | None, run_dir: Path, train_args: dict,
                     precision, device, resolved: bool = False) -> TrainArgs | None:
-    """The TrainArgs an arm trains with (None for the base); `resolved`: as train() records them, with the
-    precision's name and the compile decided."""
+    """The TrainArgs an arm trains with (None for the base); `resolved`: as train() records them."""
     if method == "base":
         return None
     targs = TrainArgs(model=args.model, method=method, out=str(run_dir), seed=seed, data_dir=args.data_dir,
                       resume=True, precision=precision.name, device=str(device), strategy=args.strategy,
                       report_to=args.report_to, compile=args.compile, **{**train_args, "lr": lr})
-    if resolved:
-        targs = replace(targs, compile=wants_compile(args.compile, device, bf16=precision.uses_bf16))
-    return targs
+    return resolved_args(targs, device) if resolved else targs
 
 
 def _run_arm(args: CompareArgs, arm: str, method: str, seed: int, lr: float | None, run_dir: Path, train_args: dict,

@@ -229,7 +229,9 @@ def refuse_own_code(name: str) -> None:
     except (OSError, ValueError):
         return  # transformers names what is wrong with the file
     if auto_map:
-        files = sorted({str(target).split("--")[-1].split(".")[0] + ".py" for target in auto_map.values()})
+        # "module.Class", "repo--module.Class", or for a tokenizer a [slow, fast] pair that may hold a null
+        targets = [t for v in auto_map.values() for t in (v if isinstance(v, list) else [v]) if t]
+        files = sorted({t.split("--")[-1].split(".")[0] + ".py" for t in targets})
         raise ModelLoadError(f"{name!r} carries its own modeling code ({', '.join(files)}, named by config.json's "
                              "auto_map), which loading it runs: read it, then pass --trust-remote-code "
                              "(trust_remote_code=True) to load it. A `preproj export` directory is such a model.")

@@ -111,14 +111,7 @@ def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True,
     ends the run there."""
     check_train_args(args)
     device = resolve_device(args.device)
-    # 'auto' fits a model passed in (one loaded in float32 trains in bf16-mixed, not refused as bf16-frozen's), and a
-    # resumed run keeps the word its start resolved it to
-    base_dtype = None if model is None else next(model.parameters()).dtype
-    name = recorded_precision(Path(args.out)) if args.resume and args.precision == AUTO else None
-    precision = as_precision(name or args.precision, device, frozen_base=not args.train_base, base_dtype=base_dtype)
-    # 'auto' and the default compile resolved once, and recorded
-    compiled = wants_compile(args.compile, device, bf16=precision.uses_bf16)
-    args = replace(args, precision=precision.name, compile=compiled)
+    args = resolved_args(args, device, model)
     ddist.setup(device)
     out = Path(args.out)
     with ddist.owned(out, "preproj train", device), StopRequests() as stop, contextlib.ExitStack() as hold:
@@ -131,6 +124,17 @@ def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True,
         start_or_resume(run, hold)
         fit(run, stop, progress)
         return finish(run, wall_start), run.model
+
+
+def resolved_args(args: TrainArgs, device: torch.device, model: nn.Module | None = None) -> TrainArgs:
+    """The arguments as the run records them in train_config.json: 'auto' precision and the default compile
+    decided, once. 'auto' fits a model passed in (one loaded in float32 trains in bf16-mixed, not refused as
+    bf16-frozen's), and a resumed run keeps the word its start resolved it to."""
+    base_dtype = None if model is None else next(model.parameters()).dtype
+    name = recorded_precision(Path(args.out)) if args.resume and args.precision == AUTO else None
+    precision = as_precision(name or args.precision, device, frozen_base=not args.train_base, base_dtype=base_dtype)
+    compiled = wants_compile(args.compile, device, bf16=precision.uses_bf16)
+    return replace(args, precision=precision.name, compile=compiled)
 
 
 def recorded_precision(out: Path) -> str | None:
