@@ -177,6 +177,22 @@ def test_lora_rank_matches_preproj_skip_within_one_percent():
     assert peft_model.peft_config["default"].lora_alpha == 2 * r
 
 
+def test_lora_rank_can_match_the_skip_alone():
+    """--lora-rank skip: the LoRA with the skip's trainable parameters (a third of preproj+skip's), within 1%."""
+    import transformers
+
+    d, n = 576, 2  # SmolLM2-135M's width and attention (9 heads, 3 of them for K and V): rank 86 matches the skip
+    config = transformers.LlamaConfig(hidden_size=d, num_hidden_layers=n, num_attention_heads=9, num_key_value_heads=3,
+                                      intermediate_size=16, vocab_size=16)
+    peft_model = build_method(transformers.AutoModelForCausalLM.from_config(config), "lora", lora_rank="skip")
+    count = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    assert peft_model.peft_config["default"].r == 86 and abs(count - n * d * d) <= 0.01 * n * d * d
+    with pytest.raises(ValueError, match="No LoRA rank comes within 1% of 12,288 parameters"):
+        build_method(tiny_model("llama"), "lora", lora_rank="skip")  # 3 x 64 x 64: rank 9 gives 12,096
+    with pytest.raises(ValueError, match="or one of preproj, skip, preproj\\+skip, got 'gate'"):
+        build_method(tiny_model("llama"), "lora", lora_rank="gate")
+
+
 def test_preproj_plus_lora_trains_both_and_round_trips(tmp_path, corpus):
     summary, model = train(args_for(tmp_path, corpus, method="preproj+lora", steps=3), tiny_model("llama"),
                            CharTokenizer(), progress=False)

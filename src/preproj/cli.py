@@ -384,6 +384,38 @@ def _compare(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _study(ns: argparse.Namespace) -> int:
+    from .experiments.study import run_study
+    from .runtime import distributed as ddist
+    from .runtime.precision import resolve_device
+
+    r = ddist.setup(resolve_device(ns.device or "auto"))
+    ddist.main_prints(r)
+    report = run_study(ns.file, report_only=ns.action == "report", device=ns.device, data_dir=ns.data_dir,
+                       compile=ns.compile)
+    if not r.is_main:
+        return 0
+    out = Path(report["args"]["out"])
+    print(_report_summary((out / "report.md").read_text()))
+    for problem in report["older_than_plan"]:
+        print(f"warning: not made under this study file as committed: {problem}", file=sys.stderr)
+    left = f"{len(report['pending'])} run(s) to come" if report["pending"] else "every run finished"
+    print(f"summary: study {ns.file}: {len(report['methods'])} arms, {left}; the report is {out / 'report.md'}, "
+          "results.json and the plots are beside it")
+    return 0
+
+
+def _study_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=("run", "report"),
+                   help="run: train and score what the study still lacks, then report (resumes wherever it stopped); "
+                        "report: write the report from the runs finished so far, running nothing.")
+    p.add_argument("file", help="The study file (TOML; docs/guide/studies.md).")
+    p.add_argument("--device", default=None, help="auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps.")
+    p.add_argument("--data-dir", default=None, help="Directory laid out as ../shared/data; default $PREPROJ_DATA_DIR.")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile each decoder block (default: the study file's, else where faster).")
+
+
 def _export_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m",
                    help="Embedded name, hub id or local directory of the base (or a `preproj pretrain` directory).")
@@ -446,6 +478,8 @@ def build_parser() -> argparse.ArgumentParser:
          _scaling),
         ("compare", "Train and evaluate every method under one budget; report, table and plots.", CompareArgs,
          _compare),
+        ("study", "Run, resume or report a study file: arms, seeds, tasks and its analysis plan.", _study_flags,
+         _study),
         ("export", "Write an adapted model as a transformers directory that loads without preproj.", _export_flags,
          _export),
         ("paired", "Compare two sets of per-item results after the fact: paired differences.", _paired_flags,

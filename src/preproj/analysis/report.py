@@ -191,6 +191,12 @@ def _sweep_section(sweep: dict | None) -> list[str]:
             lines.append(f"| {method} | " + "; ".join(
                 f"{lr}: {', '.join(f'{x:.4f}' for x in xs)} ({np.mean(xs):.4f})"
                 for lr, xs in finalists.items()) + " |")
+    if sweep.get("common"):
+        common = sweep["common"]
+        lines += ["", f"The common rate, at which METHOD@common trains, is {common['rate']:g}: the lowest mean over "
+                  f"{', '.join(common['methods'])} of each one's mean held-out loss (" + ", ".join(
+                      f"lr {lr}: {loss:.4f}" for lr, loss in common["mean_heldout_loss"].items()) + "). Where it is a "
+                  "method's own rate, METHOD@common and METHOD are the same runs."]
     return lines
 
 

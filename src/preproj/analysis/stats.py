@@ -207,8 +207,9 @@ def _seed_part(between: float, interaction: float, n: int, items: int, rule: str
         return 0.0, math.inf
     if rule != "subtract, Satterthwaite df":
         return component / n, n - 1.0
-    interaction_df = (n - 1) * (items - 1)
-    return component / n, component ** 2 / (between ** 2 / (n - 1) + interaction ** 2 / interaction_df)
+    interaction_df = (n - 1) * (items - 1)  # none on one item, where the interaction is not estimated (0)
+    share = between ** 2 / (n - 1) + (interaction ** 2 / interaction_df if interaction_df else 0.0)
+    return component / n, component ** 2 / share
 
 
 def _quantile(df: float, level: float) -> float:

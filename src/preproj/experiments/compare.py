@@ -44,10 +44,11 @@ from ..runtime.provenance import describe, provenance
 from ..runtime.validation import check_args
 from ..training import TrainArgs, train
 from ..training.loop import resolved_args
+from .arms import COMMON, arm_method_lr, run_plan, seed_list
 from .compare_args import PRESETS, CompareArgs
 from .retrain import NotTheScoredWeights, retrain_dir, retrained, trained_weights_digest
 from .reuse import eval_setting, finished_run
-from .sweep import sweep_learning_rates
+from .sweep import common_rate, sweep_learning_rates
 
 logger = logging.getLogger(__name__)
 
@@ -59,12 +60,14 @@ def _interval(values: list[float], stderr: float | None) -> float | None:
     return None if stderr is None or not math.isfinite(stderr) else 1.96 * stderr
 
 
-def run_compare(args: CompareArgs, progress: bool = True) -> dict:
-
+def run_compare(args: CompareArgs, progress: bool = True, *, preset: dict | None = None,
+                study: dict | None = None) -> dict:
+    """`preset`: the budget, evaluation, sweep and seeds in PRESETS' form, in place of PRESETS[args.preset] (a study
+    file's, experiments/study.py); `study`: the study file's record, kept in every run it starts and in results.json."""
     check_args(args)
-    if args.preset not in PRESETS:
+    if preset is None and args.preset not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {args.preset!r}.")
-    preset = PRESETS[args.preset]
+    preset = preset or PRESETS[args.preset]
     methods = [m.strip() for m in (args.methods or preset.get("methods") or ",".join(default_methods())).split(",")
                if m.strip()]
     if not methods:
@@ -88,35 +91,18 @@ def run_compare(args: CompareArgs, progress: bool = True) -> dict:
     if lr_sweep and preset["train"]["data"] == "wikitext2":
         raise ValueError("--lr-sweep selects on the training data's held-out text, which for --data wikitext2 is the "
                          "reported WikiText-2 test; use --preset study (WikiText-2 train, selection on raw valid).")
-    note = two_seeds_note(args.seeds or preset.get("seeds", 1),
+    note = two_seeds_note(len(seed_list(args.seeds or preset.get("seeds", 1))),
                           analysis_plan(Path(args.out), methods, preset["eval"]["protocol"]).get("rule", RULE))
     if note and r.is_main and not args.report_only:
         logger.warning(f"[compare] {note}")
     # A report-only pass reads finished runs and writes only the report's own files, never a run's, so it may run
     # beside the comparison that owns the directory.
     with nullcontext() if args.report_only else ddist.owned(Path(args.out), "preproj compare", device):
-        return _compare(args, methods, preset, precision, eval_precision, device, r, progress, lr_sweep)
-
-
-def arm_method_lr(arm: str) -> tuple[str, float | None]:
-    """'lora@3e-4' -> ('lora', 0.0003); 'lora' -> ('lora', None): an arm is a method, optionally at a fixed rate."""
-    method, at, lr_text = arm.partition("@")
-    if method not in METHODS:
-        raise ValueError(f"Unknown method {method!r}" + (f" in {arm!r}" if arm != method else "")
-                         + f"; choose from {', '.join(METHODS)} (METHOD@LR for a fixed learning rate).")
-    if not at:
-        return method, None
-    try:
-        lr = float(lr_text)
-    except ValueError:
-        lr = math.nan
-    if method == "base" or not lr > 0 or not math.isfinite(lr):
-        raise ValueError(f"{arm!r}: METHOD@LR takes a trained method and a learning rate > 0, such as lora@3e-4.")
-    return method, lr
+        return _compare(args, methods, preset, precision, eval_precision, device, r, progress, lr_sweep, study)
 
 
 def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eval_precision, device, r, progress: bool,
-             lr_sweep: str | None) -> dict:
+             lr_sweep: str | None, study: dict | None) -> dict:
     out = Path(args.out)
     eval_cfg = preset["eval"]
     limits = {t: args.limit for t in default_tasks()} if args.limit else eval_cfg["limits"]
@@ -124,16 +110,25 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
     seeds = args.seeds or preset.get("seeds", 1)
     train_args = {**preset["train"], **{k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v}}
     sweep = _learning_rates(args, methods, preset, train_args, lr_sweep, precision, device, progress)
+    if any(lr == COMMON for _, lr in map(arm_method_lr, methods)) and not (sweep and "common" in sweep):
+        raise ValueError("METHOD@common needs a learning-rate sweep and the methods whose average picks the common "
+                         "rate (a study file's sweep.common); give METHOD@LR for a rate of your own.")
 
     runs, pending = [], []  # runs: one per finished (method, seed); pending: those a report-only pass finds unfinished
     reused, all_tasks = 0, (*default_tasks(), *eval_cfg.get("extra_tasks", ()))
+    trained: dict[tuple, dict] = {}  # (method, lr, seed) -> its run: two arms that name the same training share it
     for arm, seed in run_plan(methods, seeds,
                               (args.seeded_methods or preset.get("seeded_methods") or ",".join(methods))):
         method, fixed_lr = arm_method_lr(arm)
-        lr = None if method == "base" else fixed_lr or (sweep["chosen"][method] if sweep else train_args["lr"])
+        lr = None if method == "base" else (sweep["common"]["rate"] if fixed_lr == COMMON else fixed_lr) or \
+            (sweep["chosen"][method] if sweep else train_args["lr"])
+        if (method, lr, seed) in trained:
+            twin = trained[method, lr, seed]
+            runs.append({**twin, "method": arm, "same_run_as": twin["method"]})
+            continue
         run_dir = out / f"{arm}-seed{seed}"
         if (run_dir / "result.json").is_file():  # resumable: a finished (arm, seed) is not redone
-            run = finished_run(run_dir, arm, seed, lr, swept=bool(sweep) and fixed_lr is None,
+            run = finished_run(run_dir, arm, seed, lr, swept=bool(sweep) and fixed_lr in (None, COMMON),
                                 recorded_as=_run_train_args(args, method, seed, lr, run_dir, train_args, precision,
                                                             device, resolved=True),
                                 model=args.model,
@@ -148,7 +143,9 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
             pending.append(run_dir.name)
         else:
             runs.append(_run_arm(args, arm, method, seed, lr, run_dir, train_args, eval_cfg, limits, precision,
-                                 eval_precision, device, r, progress))
+                                 eval_precision, device, r, progress, study))
+        if runs and runs[-1]["run_dir"] == run_dir.name:
+            trained[method, lr, seed] = runs[-1]
 
     if args.report_only:
         methods = [m for m in methods if any(r["method"] == m for r in runs)]
@@ -156,15 +153,16 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
             raise ValueError(f"No (method, seed) run has finished in {out} yet (METHOD-seedN/result.json); run the "
                              "comparison without --report-only first.")
         seeds = max(sum(r["method"] == m for r in runs) for m in methods)
+    seeds = len(seed_list(seeds))
     # The comparison's wall time, summed over the processes that ran its parts: a pass that runs nothing new (a
     # report-only pass, or a rerun of a finished comparison) keeps the recorded total.
-    new_runs = 0 if args.report_only else len(runs) - reused
+    new_runs = 0 if args.report_only else sum("same_run_as" not in run for run in runs) - reused
     seconds = _recorded(out, "wall_seconds")
     if new_runs:
         seconds = (seconds or 0.0) + time.monotonic() - start
     report = summarise(runs, methods, args, eval_cfg["protocol"], limits, seconds, train_args, seeds)
     report.update(pending=pending, new_runs=new_runs, sweep=sweep, precision=precision.name,
-                  eval_precision=eval_precision.name, device=str(device))
+                  eval_precision=eval_precision.name, device=str(device), **({"study": study} if study else {}))
     _add_comparisons(report, runs, methods, eval_cfg["protocol"], out)
     if r.is_main:
         _write_report(report, runs, methods, out, Path(args.model).name)
@@ -179,25 +177,22 @@ def _recorded(out: Path, key: str):
         return None
 
 
-def run_plan(methods: list[str], seeds: int, seeded: str) -> list[tuple[str, int]]:
-    """(arm, seed) in order: every arm's seed 42, then the seeded arms' 43, ..., so that a comparison stopped
-    part-way already pairs every arm with every other."""
-    count = {m: seeds if m in seeded.split(",") and m != "base" else 1 for m in methods}
-    return [(m, 42 + k) for k in range(max(count.values())) for m in methods if k < count[m]]
-
-
 def _learning_rates(args: CompareArgs, methods: list[str], preset: dict, train_args: dict, lr_sweep: str | None,
                     precision, device, progress: bool) -> dict | None:
     """The sweep's results: run now (finished points reused), read back for a report-only pass, or None."""
     if not lr_sweep:
         return None
+    common_of = preset.get("common_rate_of", [])
     if args.report_only:  # the sweep's own record, else the one the last report kept
         sweep_file = Path(args.out) / "sweep" / "sweep.json"
-        return json.loads(sweep_file.read_text()) if sweep_file.is_file() else _recorded(Path(args.out), "sweep")
-    swept = list(dict.fromkeys(m for m, lr in map(arm_method_lr, methods) if m != "base" and lr is None))
-    steps = args.sweep_steps or preset.get("sweep_steps") or max(1, train_args["steps"] // 4)
-    n_seeds = args.sweep_seeds or preset.get("sweep_seeds") or 1
-    return sweep_learning_rates(args, swept, train_args, lr_sweep, steps, n_seeds, precision, device, progress)
+        sweep = json.loads(sweep_file.read_text()) if sweep_file.is_file() else _recorded(Path(args.out), "sweep")
+    else:
+        swept = list(dict.fromkeys([*(m for m, lr in map(arm_method_lr, methods)
+                                      if m != "base" and lr in (None, COMMON)), *common_of]))
+        steps = args.sweep_steps or preset.get("sweep_steps") or max(1, train_args["steps"] // 4)
+        n_seeds = args.sweep_seeds or preset.get("sweep_seeds") or 1
+        sweep = sweep_learning_rates(args, swept, train_args, lr_sweep, steps, n_seeds, precision, device, progress)
+    return {**sweep, "common": common_rate(sweep, common_of)} if sweep and common_of else sweep
 
 
 def _run_train_args(args: CompareArgs, method: str, seed: int, lr: float | None, run_dir: Path, train_args: dict,
@@ -212,7 +207,8 @@ def _run_train_args(args: CompareArgs, method: str, seed: int, lr: float | None,
 
 
 def _run_arm(args: CompareArgs, arm: str, method: str, seed: int, lr: float | None, run_dir: Path, train_args: dict,
-             eval_cfg: dict, limits: dict, precision, eval_precision, device, r, progress: bool) -> dict:
+             eval_cfg: dict, limits: dict, precision, eval_precision, device, r, progress: bool,
+             study: dict | None) -> dict:
     """Train one (arm, seed) (the base trains nothing), evaluate it task by task, and write its result.json."""
     logger.info(f"[compare] {arm} seed {seed} ...")
     model, tokenizer = load_model(args.model, dtype=precision.weights, device=device)
@@ -232,7 +228,8 @@ def _run_arm(args: CompareArgs, arm: str, method: str, seed: int, lr: float | No
               "train_seconds": summary.get("train_seconds") if summary else 0.0,
               "eval_seconds": None if None in task_seconds.values() else sum(task_seconds.values()),
               "skip_norms": summary["skip_norms"] if summary else None,
-              "log": _read_log(run_dir) if summary else [], "provenance": provenance()}
+              "log": _read_log(run_dir) if summary else [],
+              "provenance": {**provenance(), **({"study": study} if study else {})}}
     if r.is_main:
         write_json(run_dir / "result.json", result)
     logger.info(f"[compare] {arm} seed {seed}: " + ", ".join(

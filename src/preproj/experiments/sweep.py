@@ -77,3 +77,20 @@ def _merged_with_file(sweep: dict, path: Path) -> dict:
             "chosen": {**old["chosen"], **sweep["chosen"]},
             "finalists": {**old.get("finalists", {}), **sweep.get("finalists", {})},
             "precisions": sorted(set(old.get("precisions", [])) | set(sweep["precisions"]))}
+
+
+def common_rate(sweep: dict, methods: list[str]) -> dict:
+    """The one candidate rate that suits `methods` together: the lowest average over them of each method's mean
+    held-out loss at that rate (over the seeds the sweep ran it with: the finalists' several, the others' seed 42).
+    Chosen on held-out loss like each method's own rate, never on the reported text."""
+    missing = [m for m in methods if m not in sweep["heldout_loss"]]
+    if missing:
+        raise ValueError(f"the common rate averages over {', '.join(methods)}, but the sweep has no points for "
+                         f"{', '.join(missing)}.")
+
+    def mean_loss(method: str, lr: str) -> float:
+        seeds = sweep.get("finalists", {}).get(method, {}).get(lr) or [sweep["heldout_loss"][method][lr]]
+        return float(np.mean(seeds))
+
+    average = {f"{lr:g}": float(np.mean([mean_loss(m, f"{lr:g}") for m in methods])) for lr in sweep["candidates"]}
+    return {"methods": list(methods), "mean_heldout_loss": average, "rate": float(min(average, key=average.get))}

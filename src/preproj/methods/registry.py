@@ -67,6 +67,10 @@ def paper_lora_rank(model: nn.Module) -> int:
     return int(layers * PreProjConfig(mode="preproj").params_per_layer(d) / (layers * 2 * d * 2))
 
 
+MATCHABLE = ("preproj", "skip", "preproj+skip")
+"""Methods whose trainable parameter count --lora-rank can match (lora's default is preproj+skip's)."""
+
+
 def _rank(model: nn.Module, lora_rank: int | str | None) -> int | None:
     if lora_rank is None or isinstance(lora_rank, int):
         return lora_rank
@@ -74,7 +78,11 @@ def _rank(model: nn.Module, lora_rank: int | str | None) -> int | None:
         return paper_lora_rank(model)
     if str(lora_rank).isdigit() and int(lora_rank) >= 1:
         return int(lora_rank)
-    raise ValueError(f"--lora-rank must be a positive integer or 'paper', got {lora_rank!r}.")
+    if lora_rank in MATCHABLE:  # the rank whose LoRA has the trainable parameters of that method, within 1%
+        return matched_lora_rank(model, len(decoder_layers(model))
+                                 * PreProjConfig(mode=lora_rank).params_per_layer(hidden_size(model)))
+    raise ValueError(f"--lora-rank must be a positive integer, 'paper' or one of {', '.join(MATCHABLE)}, got "
+                     f"{lora_rank!r}.")
 
 
 def _build_lora(model: nn.Module, precision: Precision, lora_rank: int | str | None) -> nn.Module:

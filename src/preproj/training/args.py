@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..data import check_data_source
-from ..methods.registry import trained_methods
+from ..methods.registry import MATCHABLE, trained_methods
 from ..runtime.precision import precision as as_precision
 from ..runtime.tracking import parse_report_to
 from ..runtime.validation import check_args
@@ -76,8 +76,9 @@ class TrainArgs:
     """torch.compile each decoder block (inductor: the first step compiles, and inductor caches it for later runs).
     Default: where benchmarks/run.py measured it faster, a GPU or a CPU in bf16; --no-compile runs eager."""
     lora_rank: str | None = None
-    """LoRA rank: a number, 'paper' (the author's formula, floor(1.25 d) / 2: 480 for Pythia-160M) or unset (method
-    lora: matched to preproj+skip's trainable count within 1%; preproj+lora: 64)."""
+    """LoRA rank: a number, 'paper' (the author's formula, floor(1.25 d) / 2: 480 for Pythia-160M), a method whose
+    trainable count it matches within 1% (preproj, skip, preproj+skip) or unset (method lora: matched to
+    preproj+skip's; preproj+lora: 64)."""
     eval_every: int = 25
     """Held-out loss every N steps (and at the end)."""
     eval_batches: int = 4
@@ -128,7 +129,8 @@ def check_train_args(args: TrainArgs) -> None:
         raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {args.strategy!r}.")
     parse_report_to(args.report_to)
     rank = "" if args.lora_rank is None else str(args.lora_rank)
-    if args.lora_rank is not None and rank != "paper" and not (rank.isdigit() and int(rank) >= 1):
-        raise ValueError(f"--lora-rank must be a positive integer or 'paper', got {args.lora_rank!r}.")
+    if args.lora_rank is not None and rank not in ("paper", *MATCHABLE) and not (rank.isdigit() and int(rank) >= 1):
+        raise ValueError(f"--lora-rank must be a positive integer, 'paper' or one of {', '.join(MATCHABLE)} (the "
+                         f"rank that matches that method's trainable parameters), got {args.lora_rank!r}.")
     if args.packing not in ("pack", "lines"):
         raise ValueError(f"packing must be 'pack' or 'lines', got {args.packing!r}.")

@@ -1,0 +1,210 @@
+"""A study as a file: `preproj study run FILE` runs or resumes it, `preproj study report FILE` reports it.
+
+One TOML file names the arms (methods, their learning rate or sweep, seeds, precision, model, budget), the tasks
+and the analysis plan (docs/guide/studies.md). Its keys are compare's (CompareArgs) where compare has them, so a
+study file is `preproj compare` written down: the file compiles to compare's arguments and a preset of its own, and
+compare's one resume rule, one sweep and one plan function run it. What the file adds:
+
+- `seeds` as a list, for a study that must not reuse the seeds an earlier one has seen;
+- METHOD@common, both methods at the one rate the sweep finds best for the two together;
+- the analysis plan in the file, written to OUT/analysis_plan.json, where compare reads it;
+- `declared = true`: the file must be committed unchanged before a run starts, and every run records the file's
+  SHA-256 and the commit that declared it, so that a run older than its plan can be found (runs_older_than_plan).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import subprocess
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..runtime.files import write_json
+from ..training import TrainArgs
+from .compare_args import PRESETS, CompareArgs
+
+STUDY_KEYS = {"name": "a short name, used in messages", "about": "what the study asks, one paragraph",
+              "declared": "true: the plan was committed before any run; runs refuse to start from a file that is not "
+                          "committed unchanged"}
+TABLES = ("train", "eval", "sweep", "plan")
+EVAL_KEYS = ("protocol", "limits", "max_length", "extra_tasks")
+SWEEP_KEYS = {"rates": list, "steps": int, "seeds": int, "common": list}
+# compare's flags that a pass takes from the command line, not from a file, or that the file spells otherwise
+NOT_IN_FILE = ("report_only", "lr_sweep", "sweep_steps", "sweep_seeds", "steps", "limit", "lr")
+
+
+class StudyFileError(ValueError):
+    """A study file that cannot be run as written; the message names the key and what to write instead."""
+
+
+@dataclass
+class Study:
+    path: Path
+    name: str
+    about: str
+    declared: bool
+    args: CompareArgs
+    preset: dict
+    plan: dict | None
+    sha256: str
+
+    def record(self) -> dict:
+        """What every run of the study keeps of it: the file, its hash and the commit that declared it."""
+        return {"file": str(self.path), "name": self.name, "sha256": self.sha256, "declared": self.declared,
+                **committed(self.path)}
+
+
+def load_study(path: str | Path, **overrides) -> Study:
+    """Read and check a study file; `overrides` are compare's per-pass arguments (device, data_dir, ...)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+        spec = tomllib.loads(raw.decode("utf-8"))
+    except OSError as e:
+        raise StudyFileError(f"cannot read the study file {path}: {e.strerror or e}.") from None
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise StudyFileError(f"{path} is not valid TOML: {e}.") from None
+    fields = {f.name: f for f in dataclasses.fields(CompareArgs)}
+    allowed = set(STUDY_KEYS) | set(TABLES) | (set(fields) - set(NOT_IN_FILE))
+    unknown = sorted(set(spec) - allowed)
+    if unknown:
+        raise StudyFileError(f"{path}: unknown key(s) {', '.join(unknown)}; a study file takes "
+                             f"{', '.join(sorted(allowed))} (docs/guide/studies.md).")
+    preset_name = spec.get("preset", "cpu")
+    if preset_name not in PRESETS:
+        raise StudyFileError(f"{path}: preset must be one of {', '.join(PRESETS)}, got {preset_name!r}.")
+    base = PRESETS[preset_name]
+    preset = {**base, "train": {**base["train"], **_table(spec, "train", path, _train_keys())},
+              "eval": {**base["eval"], **_table(spec, "eval", path, EVAL_KEYS)}}
+    sweep = _table(spec, "sweep", path, tuple(SWEEP_KEYS))
+    for key, kind in SWEEP_KEYS.items():
+        if key in sweep and not isinstance(sweep[key], kind):
+            raise StudyFileError(f"{path}: sweep.{key} must be a {kind.__name__}, got {sweep[key]!r}.")
+    if "rates" in sweep:
+        preset["lr_sweep"] = ",".join(f"{float(lr):g}" for lr in sweep["rates"])
+    preset.update({k: sweep[v] for k, v in (("sweep_steps", "steps"), ("sweep_seeds", "seeds"),
+                                            ("common_rate_of", "common")) if v in sweep})
+    compare = {}
+    for key, value in spec.items():
+        if key in fields:
+            listed = key in ("methods", "seeded_methods") and isinstance(value, list)
+            compare[key] = ",".join(value) if listed else value
+    seeds = compare.pop("seeds", None)
+    if seeds is not None:
+        if not (isinstance(seeds, int) and seeds > 0
+                or isinstance(seeds, list) and seeds and all(isinstance(s, int) and s >= 0 for s in seeds)
+                and len(set(seeds)) == len(seeds)):
+            raise StudyFileError(f"{path}: seeds must be a count (42, 43, ...) or a list of distinct seeds, got "
+                                 f"{seeds!r}.")
+        preset["seeds"] = seeds
+    for key in ("methods", "seeded_methods", "precision", "eval_precision"):
+        if key in compare:
+            preset[key] = compare.pop(key)
+    compare.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        args = CompareArgs(**compare)
+    except TypeError as e:
+        raise StudyFileError(f"{path}: {e}.") from None
+    plan = spec.get("plan")
+    if plan is not None and not isinstance(plan, dict):
+        raise StudyFileError(f"{path}: plan must be a table ([plan]), got {plan!r}.")
+    return Study(path, str(spec.get("name", path.stem)), str(spec.get("about", "")), bool(spec.get("declared", False)),
+                 args, preset, plan, hashlib.sha256(raw).hexdigest())
+
+
+def _train_keys() -> tuple[str, ...]:
+    run_specific = {"model", "method", "out", "seed", "resume", "precision", "device", "strategy", "report_to",
+                    "compile", "data_dir"}
+    return tuple(f.name for f in dataclasses.fields(TrainArgs) if f.name not in run_specific)
+
+
+def _table(spec: dict, name: str, path: Path, keys) -> dict:
+    table = spec.get(name, {})
+    if not isinstance(table, dict):
+        raise StudyFileError(f"{path}: {name} must be a table ([{name}]), got {table!r}.")
+    unknown = sorted(set(table) - set(keys))
+    if unknown:
+        raise StudyFileError(f"{path}: unknown key(s) in [{name}]: {', '.join(unknown)}; it takes "
+                             f"{', '.join(keys)}.")
+    return table
+
+
+def committed(path: Path) -> dict:
+    """The commit that last changed `path` and its time, and whether the file differs from it now; nothing when
+    `path` is not in a git checkout."""
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", "-C", str(path.resolve().parent), *argv], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+
+    try:
+        line = git("log", "-1", "--format=%H %cI", "--", path.name)
+        changed = bool(git("status", "--porcelain", "--", path.name))
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    if not line:
+        return {"plan_commit": None, "file_modified": True}
+    commit, when = line.split()
+    return {"plan_commit": commit, "plan_committed_at": when, "file_modified": changed}
+
+
+def check_declared(study: Study) -> None:
+    """A declared study runs only from its committed file: its runs then name the plan that governs them."""
+    if not study.declared:
+        return
+    record = committed(study.path)
+    if not record.get("plan_commit") or record.get("file_modified"):
+        raise StudyFileError(f"{study.path} is declared (declared = true) but is "
+                             f"{'not committed' if not record.get('plan_commit') else 'modified since its commit'}: "
+                             "commit it before its runs start (git add and git commit), or set declared = false for "
+                             "an exploratory study.")
+
+
+def write_plan(study: Study) -> None:
+    """The file's [plan] as OUT/analysis_plan.json, where compare reads its plan (with the file it came from)."""
+    if study.plan is None:
+        return
+    plan = {**study.plan, "study_file": str(study.path), "study_sha256": study.sha256}
+    path = Path(study.args.out) / "analysis_plan.json"
+    if not path.is_file() or json.loads(path.read_text()) != plan:
+        write_json(path, plan)
+
+
+def runs_older_than_plan(study: Study) -> list[str]:
+    """Runs in OUT that were not made under this file as committed: no record of it, another version of it, or a
+    result recorded before the commit that declared it. Empty for a study whose every run followed its plan."""
+    record = study.record()
+    problems = []
+    for result in sorted(Path(study.args.out).glob("*/result.json")):
+        run = json.loads(result.read_text())
+        made = (run.get("provenance") or {}).get("study") or {}
+        if made.get("sha256") != study.sha256:
+            problems.append(f"{result.parent.name}: made under " + (f"another version of {study.path} (sha256 "
+                            f"{made['sha256'][:12]})" if made.get("sha256") else "no study file"))
+        elif record.get("plan_committed_at") and run["provenance"]["recorded_at"] < _utc(record["plan_committed_at"]):
+            problems.append(f"{result.parent.name}: recorded {run['provenance']['recorded_at']}, before the plan's "
+                            f"commit {record['plan_commit'][:7]} ({record['plan_committed_at']})")
+    return problems
+
+
+def _utc(iso: str) -> str:
+    """git's committer time (with its offset) as provenance writes times: UTC, 'YYYY-MM-DDTHH:MM:SSZ'."""
+    from datetime import UTC, datetime
+
+    return datetime.fromisoformat(iso).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def run_study(path: str | Path, *, report_only: bool = False, progress: bool = True, **overrides) -> dict:
+    """Run or resume the study in `path` (or only write its report), through compare."""
+    from .compare import run_compare
+
+    study = load_study(path, **overrides)
+    if not report_only:
+        check_declared(study)
+        write_plan(study)
+    args = dataclasses.replace(study.args, report_only=report_only)
+    report = run_compare(args, progress, preset=study.preset, study=study.record())
+    report["older_than_plan"] = runs_older_than_plan(study) if study.declared else []
+    return report
