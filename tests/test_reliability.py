@@ -121,7 +121,8 @@ CASES = [
     ("train-nproc-zero", lambda e: T(e, "--nproc", "0"), "argument --nproc: must be >= 1"),
     ("train-lines-zero", lambda e: T(e, "--lines", "0"), "argument --lines: must be >= 1"),
     ("train-lora-rank-zero", lambda e: T(e, "--lora-rank", "0"),
-     "--lora-rank must be a positive integer, 'paper' or one of preproj, skip, preproj+skip (the rank that matches that method's trainable parameters), got '0'"),
+     "--lora-rank must be a positive integer, 'paper' or one of preproj, skip, preproj+skip (the rank that matches "
+     "that method's trainable parameters), got '0'"),
     ("train-seed-negative", lambda e: T(e, "--seed", "-5"), "argument --seed: must be >= 0"),
     ("train-unknown-flag", lambda e: T(e, "--learning-rate", "1e-3"), "unrecognized arguments: --learning-rate"),
     ("train-method", lambda e: T(e, "--method", "adapterv2"), "method must be one of"),

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..evaluation import read_items
 from ..evaluation.tasks import TASK_TABLE, columns, paired_metrics
+from .equivalence import equivalence_p, seeds_to_decide
 from .paper import CLAIMS, claim_pairs
 from .stats import RULE, RULES, STATISTICS, Paired, benjamini_hochberg, holm, p_text, paired_difference
 
@@ -44,10 +45,11 @@ def other_convention(rule: str) -> str:
     return "raw, n-1 df" if rule.startswith("subtract") else "subtract, Satterthwaite df"
 
 
-def paired_between(a: dict[str, list[Path]], b: dict[str, list[Path]], protocol: str,
-                   seed_paired: bool = False, rule: str = RULE) -> list[Paired]:
+def paired_between(a: dict[str, list[Path]], b: dict[str, list[Path]], protocol: str, seed_paired: bool = False,
+                   rule: str = RULE, margins: dict[str, float] | None = None) -> list[Paired]:
     """B against A on every paired metric both have: a and b map task -> per-seed item files (seed-paired: file i of
-    both sides has the same seed)."""
+    both sides has the same seed). A metric with a margin also gets its equivalence test (analysis/equivalence.py)
+    as `.equivalence`: the margin, the TOST p and the seeds that would decide."""
     found = []
     for task, metric in paired_metrics(protocol):
         va = item_values(a.get(task, []), task, metric.item_value)
@@ -57,6 +59,13 @@ def paired_between(a: dict[str, list[Path]], b: dict[str, list[Path]], protocol:
         pair = seed_paired and len(va) == len(vb) > 1
         found.append(paired_difference(va, vb, STATISTICS[metric.statistic], metric=f"{task}.{metric.name}",
                                        higher_is_better=metric.higher_is_better, seed_paired=pair, rule=rule))
+        margin = (margins or {}).get(found[-1].metric)
+        if margin is not None:
+            found[-1].equivalence = {
+                "margin": margin, "p": equivalence_p(va, vb, STATISTICS[metric.statistic], margin, seed_paired=pair,
+                                                     rule=rule),
+                "seeds_to_decide": seeds_to_decide(va, vb, STATISTICS[metric.statistic], margin, seed_paired=pair,
+                                                   rule=rule)}
     return found
 
 
@@ -107,9 +116,10 @@ def paired_comparisons(runs: list[dict], methods: list[str], protocol: str, out:
                 a[task] = b[task] = []
         seed_paired = "base" not in (method, reference) and seeds[method] == seeds[reference] and len(seeds[method]) > 1
         for entries, r in ((found, rule), (twin, other_convention(rule))):
-            for p in paired_between(a, b, protocol, seed_paired, r):
+            for p in paired_between(a, b, protocol, seed_paired, r, plan.get("margins")):
                 if not plan.get("metrics") or p.metric in plan["metrics"]:
-                    entries.append({"method": method, "reference": reference, **p.to_dict(), "raw_verdict": p.verdict})
+                    entries.append({"method": method, "reference": reference, **p.to_dict(), "raw_verdict": p.verdict,
+                                    **({"equivalence": p.equivalence} if hasattr(p, "equivalence") else {})})
     correct(found, plan)
     correct(twin, plan)
     for entry, other in zip(found, twin, strict=True):
@@ -170,15 +180,35 @@ def correct(found: list[dict], plan: dict) -> None:
             entry.setdefault("adjusted", {})[family["name"]] = q
             if family["correction"] == "holm" or "decided_by" not in entry:
                 entry["decided_by"] = family["name"]
+        # the equivalence tests of the family's members that have a margin, corrected the same way among themselves
+        tested = [e for e in members if "equivalence" in e]
+        for entry, q in zip(tested, adjust[family["correction"]]([_or_one(e["equivalence"]["p"]) for e in tested]
+                                                                 + [1.0] * unmeasured)):
+            entry["equivalence"].setdefault("adjusted", {})[family["name"]] = q
     for entry in found:
         entry["verdict"] = verdict_in(entry, entry.get("decided_by"), alpha)
+
+
+def _or_one(p: float) -> float:
+    return p if math.isfinite(p) else 1.0
+
+
+def equivalent_in(entry: dict, family: str | None, alpha: float) -> bool:
+    """Whether the entry's equivalence test, adjusted within `family`, puts the difference inside its margin."""
+    test = entry.get("equivalence")
+    return bool(test) and test.get("adjusted", {}).get(family, _or_one(test["p"])) < alpha
 
 
 def verdict_in(entry: dict, family: str | None, alpha: float) -> str:
     """The verdict that the entry's p adjusted within `family` leaves (its raw p where that family adjusted none): its
     raw verdict when below alpha, else no detectable difference."""
     q = entry.get("adjusted", {}).get(family, entry["p"])
-    return entry["raw_verdict"] if q < alpha else "no detectable difference"
+    if q < alpha:
+        return entry["raw_verdict"]
+    if "equivalence" not in entry:
+        return "no detectable difference"
+    margin = f"±{entry['equivalence']['margin']:g}"
+    return f"equivalent within {margin}" if equivalent_in(entry, family, alpha) else f"undecided at {margin}"
 
 
 def interval_text(entry: dict) -> str:
@@ -201,6 +231,9 @@ def describe_entry(entry: dict, alpha: float = 0.05) -> str:
     text += f": {entry['verdict']}"
     if entry["verdict"] == "no detectable difference":
         text += f" (would detect ±{entry['mde']:.{d}f})"
+    if entry["verdict"].startswith("undecided"):
+        n = entry["equivalence"].get("seeds_to_decide")
+        text += f" ({n} seeds would decide it)" if n else " (more seeds on these items would not decide it)"
     if entry.get("fragile"):
         text += ", fragile"
     return text

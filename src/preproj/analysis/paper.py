@@ -103,7 +103,8 @@ def check_claims(paired: list[dict], plan: dict, columns: dict[str, str]) -> lis
                     else f" ({p['method']} vs {p['reference']})")
             text = " (in the training text's format)" if task.endswith("_file") else ""
             # One item (a two-minute look) leaves nothing to estimate a variance from: no interval, no test.
-            verdict = VERDICTS[p["verdict"]] if math.isfinite(p["low"]) else UNTESTABLE.format(items=p["items"])
+            verdict = VERDICTS.get(p["verdict"], p["verdict"]) if math.isfinite(p["low"]) \
+                else UNTESTABLE.format(items=p["items"])
             checked.append({"claim": claim.text + text + arms, "paper": claim.paper, "method": p["method"],
                             "reference": p["reference"], "metric": p["metric"], "verdict": verdict, "items": p["items"],
                             "effect": p["effect"], "low": p["low"], "high": p["high"], "mde": p["mde"],

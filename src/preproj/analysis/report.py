@@ -141,6 +141,9 @@ def question_section(report: dict) -> list[str]:
             *question_table(report)]
 
 
+DIFFERENT = ("better", "worse")  # the verdicts that call a difference; the others: none detected, equivalent, undecided
+
+
 def question_table(report: dict) -> list[str]:
     """Markdown rows for each member of the plan's question family: the paired difference and the verdict that
     family's correction alone leaves, whichever family decides the entry elsewhere in the report (a member whose runs
@@ -163,6 +166,9 @@ def question_table(report: dict) -> list[str]:
         answer = verdict_in(entry, family["name"], alpha)
         if answer == "no detectable difference":
             answer += f" (would detect ±{entry['mde']:.{digits(entry['metric'])}f})"
+        elif answer.startswith("undecided"):
+            n = entry["equivalence"].get("seeds_to_decide")
+            answer += f" ({n} seeds would decide it)" if n else " (more seeds would not decide it on these items)"
         if entry.get("fragile") and entry.get("decided_by") == family["name"]:
             answer += ", fragile"
         lines.append(f"| {name} | {entry['seeds'][1]} v {entry['seeds'][0]}, {entry.get('test', '–')} | "
@@ -229,7 +235,7 @@ def paired_paragraph(report: dict) -> str:
            f"adjusted p is below {plan_alpha(plan):g}; otherwise the cell gives the smallest effect this run "
            "could have detected (80% power, uncorrected). A call marked fragile changes, after correction, under the "
            f"other defensible convention for the seeds' variance ({other_convention(plan.get('rule', RULE))}).")
-    called = [p for p in paired if p["verdict"] != "no detectable difference"]
+    called = [p for p in paired if p["verdict"] in DIFFERENT]
     if not called:
         said = (f" After correction no method differs detectably from its reference on any of the {len(paired)} "
                 "comparisons.")
@@ -238,12 +244,18 @@ def paired_paragraph(report: dict) -> str:
             f"{p['method']} vs {p['reference']} on {p['metric']}: {p['verdict']} ({p['text'].split(' p ')[0]}"
             + (", fragile" if p.get("fragile") else "") + ")" for p in called) + "."
         rest = [p for p in paired if p not in called]
-        raw = [p for p in rest if p.get("raw_verdict", p["verdict"]) != "no detectable difference"]
+        raw = [p for p in rest if p.get("raw_verdict", p["verdict"]) in DIFFERENT]
         if rest:
             said += f" The other {len(rest)} comparisons show no detectable difference after correction"
             said += (f", {len(raw)} of them only because of it (raw interval excludes zero: "
                      + "; ".join(f"{p['method']} vs {p['reference']} on {p['metric']}" for p in raw) + ")."
                      if raw else ".")
+    equivalent = [p for p in paired if p["verdict"].startswith("equivalent")]
+    if any("equivalence" in p for p in paired):  # a plan with margins: sameness is tested, not read from a null
+        said += (" Equivalence (two one-sided tests within the plan's margins, corrected in the same families): "
+                 + ("; ".join(f"{p['method']} vs {p['reference']} on {p['metric']}: {p['verdict']}"
+                              for p in equivalent) if equivalent else "no comparison is shown equivalent")
+                 + f"; {sum(p['verdict'].startswith('undecided') for p in paired)} undecided.")
     return how + said
 
 
@@ -271,7 +283,7 @@ def agreement_paragraph(report: dict) -> str:
             paired = next((p for p in report.get("paired", []) if (p["method"], p["reference"], p["metric"])
                            == (method, "base", f"{task}.{metric.name}")), None)
             if paired is not None:
-                real = paired["verdict"] != "no detectable difference"
+                real = paired["verdict"] in DIFFERENT
             else:
                 real = abs(delta) > max(ours["ci95"] or 0.0, base["ci95"] or 0.0)
             if delta == 0:

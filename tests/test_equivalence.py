@@ -1,0 +1,68 @@
+"""Equivalence within a declared margin (analysis/equivalence.py) and the verdicts it gives a plan's comparisons."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from preproj.analysis.equivalence import equivalence_p, seeds_to_decide
+from preproj.analysis.pairing import correct, describe_entry, verdict_in
+from preproj.analysis.report import paired_paragraph
+from preproj.analysis.stats import RULES, accuracy, paired_difference
+
+
+def _arms(shift: float, seeds: int = 5, items: int = 4000, flip: float = 0.1, seed: int = 0):
+    """Two arms of 0/1 items sharing item difficulty; B answers `shift` more of them right on average."""
+    rng = np.random.default_rng(seed)
+    truth = rng.random(items) < 0.35
+    a = np.stack([truth ^ (rng.random(items) < flip) for _ in range(seeds)]).astype(float)
+    b = np.stack([truth ^ (rng.random(items) < flip) for _ in range(seeds)]).astype(float)
+    b[:, rng.random(items) < abs(shift)] = 1.0 if shift > 0 else 0.0
+    return a, b
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("seed", range(4))
+def test_tost_rejects_exactly_when_the_90_percent_interval_lies_inside_the_margin(rule, seed):
+    a, b = _arms(0.0, seed=seed)
+    for margin in (0.003, 0.006, 0.01, 0.02):
+        p = equivalence_p(a, b, accuracy, margin, seed_paired=True, rule=rule)
+        d = paired_difference(a, b, accuracy, seed_paired=True, rule=rule, confidence=0.90)
+        assert (p < 0.05) == (-margin < d.low and d.high < margin), (margin, p, d.low, d.high)
+
+
+def test_a_difference_outside_the_margin_is_never_equivalent_and_more_seeds_decide_a_close_call():
+    a, b = _arms(0.05)
+    assert equivalence_p(a, b, accuracy, 0.01, seed_paired=True, rule="raw, separate quantiles") > 0.5
+    a, b = _arms(0.0, seeds=3, items=5000, flip=0.05)
+    rule = "raw, separate quantiles"
+    n = seeds_to_decide(a, b, accuracy, 0.01, seed_paired=True, rule=rule)
+    assert n is not None and n >= 3
+    # the items' part alone is wider than a tight margin: no number of seeds decides it on these items
+    assert seeds_to_decide(a, b, accuracy, 0.001, seed_paired=True, rule=rule) is None
+    with pytest.raises(ValueError, match="margin must be > 0"):
+        equivalence_p(a, b, accuracy, 0.0)
+
+
+def _entry(method: str, p: float, tost: float, margin: float = 0.01) -> dict:
+    return {"method": method, "reference": "lora", "metric": "lambada.acc", "effect": 0.001, "low": -0.004,
+            "high": 0.006, "mde": 0.007, "p": p, "raw_verdict": "better" if p < 0.05 else "no detectable difference",
+            "items": 5153, "equivalence": {"margin": margin, "p": tost, "seeds_to_decide": 8}}
+
+
+def test_a_plans_margin_turns_a_null_into_equivalent_or_undecided_corrected_in_its_family():
+    plan = {"alpha": 0.05, "comparisons": [], "families": [{"name": "question", "correction": "holm", "members": [
+        {"method": m, "reference": "lora", "metric": "lambada.acc"} for m in ("skip", "skip@common", "gate")]}]}
+    found = [_entry("skip", 0.5, 0.01), _entry("skip@common", 0.6, 0.03), _entry("gate", 0.001, math.nan)]
+    correct(found, plan)
+    # Holm over three TOST p-values: 0.01 x 3 = 0.03 passes, 0.03 x 2 = 0.06 does not
+    assert [e["verdict"] for e in found] == ["equivalent within ±0.01", "undecided at ±0.01", "better"]
+    assert found[0]["equivalence"]["adjusted"]["question"] == pytest.approx(0.03)
+    assert verdict_in(found[1], "question", 0.05) == "undecided at ±0.01"
+    assert describe_entry(found[1]).endswith("undecided at ±0.01 (8 seeds would decide it)")
+    text = paired_paragraph({"paired": [{**e, "text": describe_entry(e)} for e in found], "plan": plan})
+    assert "Equivalence (two one-sided tests within the plan's margins" in text
+    assert "skip vs lora on lambada.acc: equivalent within ±0.01; 1 undecided." in text
+    assert "no detectable difference" not in text.split("Equivalence")[1]
