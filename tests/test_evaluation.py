@@ -410,3 +410,33 @@ def test_each_process_keeps_its_own_journal(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert score.journal_path() == tmp_path / "j.rank1"
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_evaluate_scores_a_lora_merged_as_preproj_eval_does_and_gives_the_model_back_exactly(merge, monkeypatch,
+                                                                                            tmp_path):
+    from peft.tuners.lora import LoraLayer
+
+    from preproj.evaluation import runner
+    from preproj.methods.lora import attach_lora
+
+    torch.manual_seed(0)
+    lora = attach_lora(tiny_model("llama"), rank=4)
+    for name, param in lora.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.05)
+    layers = [m for m in lora.modules() if isinstance(m, LoraLayer)]
+    before = {k: v.clone() for k, v in lora.state_dict().items()}
+    seen = []
+
+    def scored(score, task, *args):
+        seen.append([m.merged for m in layers])
+        return {"acc": 0.0, "n": 0}
+
+    monkeypatch.setattr(runner, "run_task", scored)
+    runner.evaluate(lora, CharTokenizer(), ["lambada"], progress=False, data_dir=tmp_path, compile=False,
+                    merge_lora=merge)
+    assert seen == [[merge] * len(layers)]
+    assert not any(m.merged for m in layers)
+    after = lora.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before), "the weights are bit for bit what they were"

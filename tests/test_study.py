@@ -220,3 +220,21 @@ families = [{{name = "primary", correction = "holm", members = [
     assert json.loads((out / "results.json").read_text())["methods"] == results["methods"]
     _write(path, path.read_text().replace("alpha = 0.05", "alpha = 0.01"))
     assert main(argv) == 2 and "modified since its commit" in capsys.readouterr().err
+
+
+def test_verbose_shows_where_a_plain_value_error_came_from_and_not_a_study_files(tmp_path, capsys, monkeypatch):
+    import preproj.experiments.study as study_module
+
+    bad = _write(tmp_path / "s.toml", "seeds = 'many'")
+    assert main(["study", "report", str(bad), "--verbose"]) == 2
+    assert "Traceback" not in capsys.readouterr().err  # the project's own error: one line, even under --verbose
+
+    def broken(*args, **kwargs):
+        raise ValueError("a bug, not bad input")
+
+    monkeypatch.setattr(study_module, "run_study", broken)
+    assert main(["study", "report", str(bad)]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    assert main(["study", "report", str(bad), "--verbose"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("preproj study: error: a bug, not bad input") and "Traceback" in err and "broken" in err

@@ -13,6 +13,7 @@ import shlex
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from .runtime.files import write_json
@@ -134,10 +135,6 @@ def _eval(ns: argparse.Namespace) -> int:
     items_out = str(Path(args.out).with_suffix("")) + ".items.jsonl" if args.items else None
     start = time.monotonic()
     model, tokenizer = _load(args.model, args.adapter, args.precision, args.device, args.trust_remote_code)
-    if args.merge_lora:
-        from .methods.lora import merged_for_evaluation
-
-        model = merged_for_evaluation(model)
     journal, key = None, ""
     if args.out:  # a stopped evaluation resumes at the batch it was in, if the weights are the same ones
         from .experiments.retrain import trained_weights_digest
@@ -147,7 +144,7 @@ def _eval(ns: argparse.Namespace) -> int:
     results = evaluate(model, tokenizer, args.tasks, protocol=args.protocol, limit=args.limit, data_dir=args.data_dir,
                        max_length=args.max_length, batch_tokens=args.batch_tokens, precision=args.precision,
                        model_name=args.model, adapter=args.adapter, out=args.out, items_out=items_out,
-                       journal=journal, journal_key=key, compile=args.compile)
+                       journal=journal, journal_key=key, compile=args.compile, merge_lora=args.merge_lora)
     print(format_results(results))
     if args.out:
         print(f"wrote {args.out}" + (f" and {items_out}" if items_out else ""))
@@ -510,10 +507,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; bad input and expected failures print one line and return 2, never a traceback."""
     from .core.adapter import AdapterError
     from .data import DataNotFound
+    from .experiments.study import StudyFileError
     from .runtime.files import RunInUse, WriteFailed
     from .runtime.loading import ModelLoadError
     from .training import CheckpointError, TrainingDiverged, TrainingInterrupted
 
+    own_errors = (ModelLoadError, AdapterError, DataNotFound, TrainingDiverged, CheckpointError, RunInUse, WriteFailed,
+                  StudyFileError)
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         ns = build_parser().parse_args(argv)
@@ -533,9 +533,11 @@ def main(argv: list[str] | None = None) -> int:
               f"results are written under a temporary name and renamed). Continue with: "
               f"{resume_command(ns.command, argv)}", file=sys.stderr)
         return 128 + signal.SIGINT
-    except (ModelLoadError, AdapterError, DataNotFound, TrainingDiverged, CheckpointError, RunInUse, WriteFailed,
-            ValueError) as e:
+    except (*own_errors, ValueError) as e:
         print(f"preproj {ns.command}: error: {e}", file=sys.stderr)
+        # a plain ValueError may be a bug's as well as bad input: --verbose shows where it came from
+        if ns.verbose and not isinstance(e, own_errors):
+            traceback.print_exc()
         return 2
 
 

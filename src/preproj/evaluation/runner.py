@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from torch import nn
 from .. import data
 from ..core.adapter import describe_adapter
 from ..core.compiling import compiled_blocks, wants_compile
+from ..methods.lora import merged_lora
 from ..runtime import distributed as ddist
 from ..runtime.files import write_json, write_jsonl
 from ..runtime.loading import model_max_length
@@ -88,7 +90,7 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] | None = None, 
              batch_tokens: int = 1024, precision: str = "fp32", progress: bool = True,
              model_name: str | None = None, adapter: str | None = None, out: str | Path | None = None,
              items_out: str | Path | None = None, journal: str | Path | None = None, journal_key: str = "",
-             compile: bool | None = None) -> dict:
+             compile: bool | None = None, merge_lora: bool = True) -> dict:
     """Evaluate `model` (adapted or not) and return the results dict that `preproj eval` writes.
 
     With `out`, the JSON is rewritten (atomically) after every task, so a long run that is stopped
@@ -97,7 +99,9 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] | None = None, 
     scored batch is kept in that file until the evaluation returns, so one stopped part-way and called again with
     the same `journal_key` (what the scores depend on: the weights, the settings) resumes at the batch it was in.
     `compile`: torch.compile each decoder block while scoring (None: where faster, see core.compiling.wants_compile);
-    the model is eager again afterwards."""
+    the model is eager again afterwards. `merge_lora`: score a PEFT LoRA merged into its base weights, as `preproj
+    eval` does (the base's cost; the same function up to rounding), and give the model back unmerged, its weights
+    exactly as they were."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}.")
     names = parse_tasks(default_tasks() if tasks is None else tasks)
@@ -129,7 +133,7 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] | None = None, 
     compiled = wants_compile(compile, device, bf16=as_precision(precision).uses_bf16)
     report["compiled"] = compiled
     try:
-        with compiled_blocks(model, compiled, device):
+        with merged_lora(model) if merge_lora else contextlib.nullcontext(), compiled_blocks(model, compiled, device):
             for task in names:
                 start = time.monotonic()
                 items = []

@@ -6,6 +6,8 @@ under-counted (26.5M vs 24.8M); here r is chosen so the trainable count is withi
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -72,3 +74,24 @@ def merged_for_evaluation(model: nn.Module) -> nn.Module:
         if isinstance(module, LoraLayer) and not module.merged:
             module.merge()
     return model
+
+
+@contextlib.contextmanager
+def merged_lora(model: nn.Module):
+    """`model` with its LoRA layers merged while the block runs (scoring at the base's cost, as merged_for_evaluation),
+    and exactly as it was afterwards: each merged base weight is restored from a copy, not by subtracting the product
+    again, which would leave rounding in the weights of a model the caller goes on using."""
+    from peft.tuners.lora import LoraLayer
+
+    layers = [m for m in model.modules() if isinstance(m, LoraLayer) and not m.merged]
+    saved = [m.get_base_layer().weight.detach().clone() for m in layers]
+    try:
+        for module in layers:
+            module.merge()
+        yield model
+    finally:
+        with torch.no_grad():
+            for module, weight in zip(layers, saved, strict=True):
+                if module.merged:
+                    module.unmerge()
+                module.get_base_layer().weight.copy_(weight)
