@@ -11,6 +11,7 @@ method written in results/coverage.md. It prints each disagreement and exits 1 i
 from __future__ import annotations
 
 import json
+import lzma
 import math
 import sys
 from pathlib import Path
@@ -29,8 +30,16 @@ METRICS = {
 }
 
 
+def _text(path: Path) -> str:
+    """A per-item file as written, or its xz copy where the study was packed (scripts/pack_results.py)."""
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    with lzma.open(path.with_name(path.name + ".xz"), "rt", encoding="utf-8") as f:
+        return f.read()
+
+
 def load(run_dir: Path, task: str, metric: str) -> np.ndarray:
-    rows = [json.loads(line) for line in (run_dir / f"items.{task}.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in _text(run_dir / f"items.{task}.jsonl").splitlines()]
     rows = sorted((r for r in rows if r["task"] == task), key=lambda r: r["index"])
     return np.array([METRICS[metric](r) for r in rows], dtype=float)
 

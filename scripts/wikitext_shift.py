@@ -26,7 +26,7 @@ from preproj import data, load_adapter, load_model
 from preproj.analysis.stats import describe, paired_bootstrap, ratio_of_sums
 from preproj.evaluation import LogLikelihood, read_items
 from preproj.evaluation.tasks.wikitext import harness as wikitext_harness
-from preproj.runtime.files import atomic_write, write_json
+from preproj.runtime.files import atomic_write, kept, write_json
 
 CONDITIONS = [(text, window) for text in ("harness", "raw") for window in (2048, 256)]
 
@@ -62,7 +62,7 @@ def main() -> None:
     runs = {"base": None} | {Path(a).name: a for a in args.adapters.split(",")}
     for name, adapter in runs.items():
         study_items = Path(args.study or "", "base-seed42" if name == "base" else name, "items.wikitext.jsonl")
-        if args.study and study_items.is_file() and not scored(out / f"{name}.harness-2048.json", len(pages)):
+        if args.study and kept(study_items) and not scored(out / f"{name}.harness-2048.json", len(pages)):
             records = read_items(study_items)["wikitext"][: len(pages)]
             write_json(out / f"{name}.harness-2048.json", nll_and_tokens(records))
         todo = [(t, w) for t, w in CONDITIONS if not scored(out / f"{name}.{t}-{w}.json", len(pages))]

@@ -275,3 +275,33 @@ def test_equivalence_needs_every_tasks_interval_inside_its_margin(tmp_path):
     (tmp_path / "paired.json").write_text(json.dumps({"paired": inside}))
     assert eq.main(str(tmp_path / "plan.json"), str(tmp_path / "paired.json")) == 0
     assert json.loads((tmp_path / "decision.json").read_text())["equivalent"] is True
+
+
+def test_a_packed_study_recomputes_and_pairs_as_the_plain_one(tmp_path, capsys):
+    """pack_results turns per-item files into FILE.jsonl.xz; preproj's readers and recompute.py read them as before."""
+    from preproj.analysis.pairing import paired_comparisons
+
+    _study_fixture(tmp_path, "raw, separate quantiles")
+    report = json.loads((tmp_path / "results.json").read_text())
+    pack = _load("pack_results")
+    for path in sorted(tmp_path.glob("*/*.jsonl")):
+        packed = pack.pack(path)
+        assert not path.exists() and packed.name.endswith(".jsonl.xz")
+        assert packed.read_bytes()[:6] == b"\xfd7zXZ\x00"
+    assert _load("recompute").main([str(tmp_path)]) == 0 and "all agree" in capsys.readouterr().out
+    runs = [{"method": m, "seed": s, "run_dir": f"{m}-seed{s}"} for m, seeds in
+            (("base", [42]), ("skip", [42, 43, 44]), ("lora", [42, 43, 44])) for s in seeds]
+    again = paired_comparisons(runs, ["base", "skip", "lora"], "harness", tmp_path, report["plan"])
+    assert [(e["metric"], e["effect"], e["low"]) for e in again] == [(e["metric"], e["effect"], e["low"])
+                                                                     for e in report["paired"]]
+
+
+def test_the_results_manifest_lists_every_committed_result_file_with_its_hash():
+    pack = _load("pack_results")
+    listed = json.loads(pack.MANIFEST.read_text())
+    on_disk = pack.manifest(pack.tracked())
+    assert set(listed) == set(on_disk), "run scripts/pack_results.py and commit what it changes"
+    changed = [name for name in listed if listed[name] != on_disk[name]]
+    assert not changed, f"results files differ from MANIFEST.json: {changed[:5]}"
+    assert not [name for name in listed if name.endswith(".jsonl")], "per-item files are committed packed (.xz)"
+    assert sum(e["bytes"] for e in listed.values()) < pack.BUDGET_BYTES, "results/ grew past its budget"

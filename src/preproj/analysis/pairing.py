@@ -11,6 +11,7 @@ import numpy as np
 
 from ..evaluation import read_items
 from ..evaluation.tasks import TASK_TABLE, columns, paired_metrics
+from ..runtime.files import kept
 from .equivalence import equivalence_p, seeds_to_decide
 from .paper import CLAIMS, claim_pairs
 from .stats import RULE, RULES, STATISTICS, Paired, benjamini_hochberg, holm, p_text, paired_difference
@@ -71,7 +72,7 @@ def paired_between(a: dict[str, list[Path]], b: dict[str, list[Path]], protocol:
 
 def _items_in(dirs: list[Path]) -> dict[str, list[Path]]:
     """task -> the per-item files that compare's run directories hold for it (DIR/items.TASK.jsonl)."""
-    return {t: [d / f"items.{t}.jsonl" for d in dirs if (d / f"items.{t}.jsonl").is_file()] for t in TASK_TABLE}
+    return {t: [d / f"items.{t}.jsonl" for d in dirs if kept(d / f"items.{t}.jsonl")] for t in TASK_TABLE}
 
 
 def _run_files(out: Path, runs: list[dict], method: str) -> dict[str, list[Path]]:

@@ -15,7 +15,7 @@ from ..core.adapter import describe_adapter
 from ..core.compiling import compiled_blocks, wants_compile
 from ..methods.lora import merged_lora
 from ..runtime import distributed as ddist
-from ..runtime.files import write_json, write_jsonl
+from ..runtime.files import read_text, write_json, write_jsonl
 from ..runtime.loading import model_max_length
 from ..runtime.precision import check_weights_dtype
 from ..runtime.precision import precision as as_precision
@@ -71,7 +71,7 @@ class EvalArgs:
 def read_items(path: str | Path) -> dict[str, list[dict]]:
     """{task: [record, ...]} from a file that `evaluate(..., items_out=...)` wrote."""
     by_task: dict[str, list[dict]] = {}
-    for line in Path(path).read_text().splitlines():
+    for line in read_text(path).splitlines():
         record = json.loads(line)
         by_task.setdefault(record.pop("task"), []).append(record)
     return by_task

@@ -36,7 +36,8 @@ from ..evaluation.tasks import columns, default_tasks
 from ..methods.lora import merged_for_evaluation
 from ..methods.registry import METHODS, default_methods
 from ..runtime import distributed as ddist
-from ..runtime.files import atomic_write, write_json
+from ..runtime.files import atomic_write, read_text, write_json
+from ..runtime.files import kept as is_kept
 from ..runtime.loading import load_model
 from ..runtime.precision import precision as as_precision
 from ..runtime.precision import resolve_device
@@ -269,7 +270,7 @@ def _evaluate_arm(args: CompareArgs, model, tokenizer, run_dir: Path, weights: s
         done_task, items = run_dir / f"eval.{task}.json", run_dir / f"items.{task}.jsonl"
         setting = {**eval_setting(task, eval_cfg, limits, eval_precision), "weights": weights}
         limit = setting["limit"]  # a variant takes its task's limit
-        kept = json.loads(done_task.read_text()) if done_task.is_file() and items.is_file() else {}
+        kept = json.loads(done_task.read_text()) if done_task.is_file() and is_kept(items) else {}
         if kept.get("setting") == setting:
             tasks[task], task_seconds[task] = kept["result"], kept.get("seconds")
             continue
@@ -308,7 +309,7 @@ def _write_report(report: dict, runs: list[dict], methods: list[str], out: Path,
 
 def _read_log(run_dir: Path) -> list[dict]:
     path = run_dir / "train_log.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return [json.loads(line) for line in read_text(path).splitlines()] if is_kept(path) else []
 
 
 def summarise(runs: list[dict], methods: list[str], args: CompareArgs, protocol: str, limits: dict,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..runtime.files import kept, read_text
 from ..runtime.loading import load_model
 from ..training import TrainArgs, train
 
@@ -63,9 +64,9 @@ def following(run_dir: Path) -> Callable[[dict], None] | None:
     """A train() on_record that raises DepartsFromRecord at the first loss differing from run_dir's train_log.jsonl
     (None where the run kept no log)."""
     log = run_dir / "train_log.jsonl"
-    if not log.is_file():
+    if not kept(log):
         return None
-    recorded = {r["step"]: r for r in map(json.loads, log.read_text().splitlines())}
+    recorded = {r["step"]: r for r in map(json.loads, read_text(log).splitlines())}
 
     def check(record: dict) -> None:
         for key in ("heldout_loss", "loss"):

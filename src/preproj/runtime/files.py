@@ -156,3 +156,30 @@ class RunLock:
             os.close(self._fd)  # closing releases the flock; a file left stays, harmless, for the next owner
             self._fd = None
         return False
+
+
+PACKED_SUFFIX = ".xz"
+"""A committed study keeps its per-item records and logs xz-compressed (scripts/pack_results.py); readers take
+FILE or, where only that is kept, FILE.xz, so a packed study reads as it was written."""
+
+
+def kept(path: str | os.PathLike) -> Path | None:
+    """`path` if it is a file, else its packed copy if that is, else None."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    packed = path.with_name(path.name + PACKED_SUFFIX)
+    return packed if packed.is_file() else None
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """The text of `path`, or of its packed copy where only that is kept (UTF-8 either way)."""
+    import lzma
+
+    found = kept(path)
+    if found is None:
+        raise FileNotFoundError(f"{path}: no such file (nor {Path(path).name}{PACKED_SUFFIX} beside it)")
+    if found.name.endswith(PACKED_SUFFIX):
+        with lzma.open(found, "rt", encoding="utf-8") as f:
+            return f.read()
+    return found.read_text(encoding="utf-8")
