@@ -48,42 +48,47 @@ ARM_BY_ITEM = {"binary": 0.3, "ratio": 0.02}
 
 
 def simulate(rng, metric: str, items: int, seeds: tuple[int, int], sd: tuple[float, float], interaction: float,
-             rho: float) -> tuple[np.ndarray, np.ndarray, float]:
-    """Per-item values of arms A and B on the same items, and the true difference B - A over items and seeds."""
+             rho: float, beta: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+    """Per-item values of arms A and B on the same items, and the true difference B - A over items and seeds.
+    `beta`: the arms' latent means (default BETA's; a study regime's are fitted to its data)."""
+    beta = beta or BETA[metric]
     difficulty = rng.normal(0, 1 if metric == "binary" else 0.3, items)
     shared = rng.normal(0, 1, max(seeds))  # seed i is the same data order for both arms: correlated seed effects
     arms = []
     for arm, (n, s) in enumerate(zip(seeds, sd)):
         own = rng.normal(0, 1, n)
         seed_effect = s * (rho * shared[:n] + math.sqrt(1 - rho ** 2) * own) if n > 1 else s * own
-        latent = (difficulty + rng.normal(0, ARM_BY_ITEM[metric], items) + BETA[metric][arm] + seed_effect[:, None]
+        latent = (difficulty + rng.normal(0, ARM_BY_ITEM[metric], items) + beta[arm] + seed_effect[:, None]
                   + rng.normal(0, interaction or 1e-300, (n, items)))
         arms.append(latent)
     if metric == "binary":
         spread = [1 + ARM_BY_ITEM[metric] ** 2 + sd[k] ** 2 + interaction ** 2 for k in (0, 1)]
-        truth = [norm.cdf(BETA[metric][k] / math.sqrt(spread[k])) for k in (0, 1)]
+        truth = [norm.cdf(beta[k] / math.sqrt(spread[k])) for k in (0, 1)]
         return (arms[0] > 0).astype(float), (arms[1] > 0).astype(float), truth[1] - truth[0]
     counts = rng.lognormal(math.log(4000), 0.5, items)
     values = [np.stack([(3.0 + x) * counts, np.broadcast_to(counts, x.shape)], axis=-1) for x in arms]
-    return values[0], values[1], BETA[metric][1] - BETA[metric][0]
+    return values[0], values[1], beta[1] - beta[0]
 
 
 def cell_coverage(metric: str, items: int, seeds: tuple[int, int], sd: tuple[float, float], interaction: float,
-                  rho: float, sims: int, seed: int) -> dict:
-    """Coverage and mean width of every rule, item-and-seed and (3 vs 3) seed-paired, over `sims` simulations."""
+                  rho: float, sims: int, seed: int, beta: tuple[float, float] | None = None) -> dict:
+    """Coverage, mean width and power (how often the interval excludes zero, at the cell's true difference) of every
+    rule, item-and-seed and (equal seeds) seed-paired, over `sims` simulations."""
     rng = np.random.default_rng(seed)
     statistic = accuracy if metric == "binary" else ratio_of_sums
     tests = [False, True] if seeds[0] == seeds[1] > 1 else [False]
     hits = {(t, r): 0 for t in tests for r in RULES}
     width = {(t, r): 0.0 for t in tests for r in RULES}
+    rejects = {(t, r): 0 for t in tests for r in RULES}
     for _ in range(sims):
-        a, b, truth = simulate(rng, metric, items, seeds, sd, interaction, rho)
+        a, b, truth = simulate(rng, metric, items, seeds, sd, interaction, rho, beta)
         for paired_seeds in tests:
             for rule, (low, high) in intervals_by_rule(a, b, statistic, seed_paired=paired_seeds).items():
                 hits[paired_seeds, rule] += low - 1e-12 <= truth <= high + 1e-12  # float rounding of a zero width
                 width[paired_seeds, rule] += high - low
+                rejects[paired_seeds, rule] += low > 0 or high < 0
     return {("seed-paired" if t else "item-and-seed") + ": " + r:
-            {"coverage": hits[t, r] / sims, "width": width[t, r] / sims}
+            {"coverage": hits[t, r] / sims, "width": width[t, r] / sims, "power": rejects[t, r] / sims}
             for t, r in hits}
 
 
@@ -96,6 +101,97 @@ def grid() -> list[dict]:
                               "sd": (SEED_SD[metric][i], SEED_SD[metric][j]), "interaction": INTERACTION[metric][k],
                               "rho": rho, "usable": regime != "single seed varies"})
     return cells
+
+
+# The study's own regimes: pairs of results/study-cpu whose variance components are fitted to the committed per-item
+# records, each also projected to the confirmatory study's 5 seeds per arm (studies/confirmatory.toml).
+STUDY_PAIRS = [("lambada.acc", "lora", "skip"), ("lambada.acc", "base", "skip"), ("arc_easy.acc", "lora", "skip"),
+               ("wikitext_file.heldout_loss", "base", "preproj+skip"), ("wikitext_file.heldout_loss", "lora", "skip")]
+
+
+def _arm_values(study: Path, method: str, task: str) -> np.ndarray:
+    """(seeds, items, ...) values of TASK.METRIC for every seed of `method` in `study`."""
+    from preproj.analysis.pairing import item_values
+    from preproj.evaluation.tasks import paired_metrics
+
+    task, name = task.split(".")
+    metric = next(m for t, m in paired_metrics("harness") if t == task and m.name == name)
+    runs = sorted(study.glob(f"{method}-seed*"), key=lambda d: int(d.name.rsplit("seed", 1)[1]))
+    return item_values([d / f"items.{task}.jsonl" for d in runs], task, metric.item_value)
+
+
+def _fit_binary(y: np.ndarray) -> tuple[float, float, float]:
+    """(latent mean, seed sd, seed-by-item interaction) of one arm's 0/1 items (seeds x items) under simulate()'s
+    model: item i right at seed s when d_i + a_i + beta + sd z_s + interaction e_si > 0. The interaction matches the
+    rate at which two seeds disagree, the mean the accuracy, the seed sd the between-seed variance of accuracy less
+    the part the interaction alone gives on these items."""
+    v0 = 1 + ARM_BY_ITEM["binary"] ** 2
+    x = np.random.default_rng(0).normal(0, math.sqrt(v0), 200_000)
+    acc = y.mean(axis=1)
+    if len(y) > 1:
+        pairs = [(a, b) for a in range(len(y)) for b in range(a + 1, len(y))]
+        disagree = float(np.mean([np.mean(y[a] != y[b]) for a, b in pairs]))
+    else:
+        disagree = 0.0
+    beta = float(norm.ppf(acc.mean()) * math.sqrt(v0))
+
+    def rate(tau: float) -> float:
+        p = norm.cdf((x + beta) / max(tau, 1e-9))
+        return float(np.mean(2 * p * (1 - p)))
+
+    low, high = 0.0, 5.0
+    for _ in range(50):
+        mid = (low + high) / 2
+        low, high = (mid, high) if rate(mid) < disagree else (low, mid)
+    tau = (low + high) / 2 if disagree > 0 else 0.0
+    spread = v0 + tau ** 2
+    beta = float(norm.ppf(acc.mean()) * math.sqrt(spread))
+    p = norm.cdf((x + beta) / max(tau, 1e-9))
+    noise = float(np.mean(p * (1 - p))) / y.shape[1]
+    between = float(acc.var(ddof=1)) if len(y) > 1 else 0.0
+    slope = norm.pdf(beta / math.sqrt(spread)) / math.sqrt(spread)
+    sd = math.sqrt(max(0.0, between - noise)) / slope
+    return beta, sd, tau
+
+
+def _fit_ratio(v: np.ndarray) -> tuple[float, float, float]:
+    """(mean nats per token less 3, seed sd, seed-by-document interaction) of one arm's (nll, tokens) documents."""
+    v = np.abs(v)  # (-log-likelihood, tokens): the sign of the first is the record's convention
+    rate = v[..., 0] / v[..., 1]  # seeds x documents
+    overall = v[..., 0].sum(axis=1) / v[..., 1].sum(axis=1)
+    if len(v) == 1:
+        return float(overall.mean() - 3.0), 0.0, 0.0
+    n = len(v)
+    residual = rate - rate.mean(axis=0, keepdims=True) - (rate.mean(axis=1, keepdims=True) - rate.mean())
+    tau = float(np.sqrt((residual ** 2).sum() / ((n - 1) * (rate.shape[1] - 1))))
+    weights = v[0, :, 1] / v[0, :, 1].sum()
+    sd = math.sqrt(max(0.0, float(overall.var(ddof=1)) - tau ** 2 * float((weights ** 2).sum())))
+    return float(overall.mean() - 3.0), sd, tau
+
+
+def study_cells(study: Path) -> list[dict]:
+    """Cells with the variance components of STUDY_PAIRS fitted to `study`'s per-item records: as run (3 v 3 or the
+    base's 1 v 3) and with 5 seeds per arm, both with uncorrelated and correlated seed effects."""
+    cells = []
+    for name, reference, method in STUDY_PAIRS:
+        task = name
+        metric = "binary" if name.endswith(".acc") else "ratio"
+        fit = _fit_binary if metric == "binary" else _fit_ratio
+        (beta_a, sd_a, tau_a), (beta_b, sd_b, tau_b) = (fit(_arm_values(study, m, task)) for m in (reference, method))
+        taus = [t for t, arm in ((tau_a, reference), (tau_b, method)) if arm != "base"]
+        seeds = len(_arm_values(study, reference, task)), len(_arm_values(study, method, task))
+        items = _arm_values(study, method, task).shape[1]
+        for n in (seeds, (5, 5) if seeds[0] > 1 else (1, 5)):
+            for rho in ((0.0, 0.8) if n[0] > 1 else (0.0,)):
+                cells.append({"metric": metric, "items": int(items), "seeds": n, "sd": (sd_a, sd_b),
+                              "interaction": float(np.mean(taus)), "rho": rho, "beta": (beta_a, beta_b),
+                              "regime": f"{study.name}: {method} - {reference}, {name}", "usable": True,
+                              "study": True})
+    return cells
+
+
+def _key(c: dict) -> str:
+    return _name(c) + (f", sd {c['sd'][0]:.4g} {c['sd'][1]:.4g}" if c.get("study") else "")
 
 
 def choose(cells: list[dict], floor: float = 0.945) -> dict:
@@ -112,23 +208,23 @@ def choose(cells: list[dict], floor: float = 0.945) -> dict:
             "width": width}
 
 
-def recheck(cells: list[dict], sims: int, low: float = 0.925, floor: float = 0.945) -> list[int]:
+def recheck(cells: list[dict], sims: int, low: float = 0.925, floor: float = 0.945,
+            only: set[int] | None = None) -> list[int]:
     """Simulate again, `sims` more times, every usable cell where a rule that is near the floor everywhere (worst
     cell >= low) falls below it, and pool the counts: at 1,000 simulations a rule that covers exactly 95% falls
     below 94.5% in about a quarter of the cells by chance alone, so those cells need more before a rule is ruled out."""
     near = [r for r, w in choose(cells)["worst"].items() if w >= low]
-    again = [k for k, c in enumerate(cells) if c["usable"] and any(
+    again = [k for k, c in enumerate(cells) if c["usable"] and (only is None or k in only) and any(
         x["coverage"] < floor for key, x in c["result"].items() if key.split(": ")[1] in near)]
     for k in again:
         c = cells[k]
         more = cell_coverage(c["metric"], c["items"], tuple(c["seeds"]), tuple(c["sd"]), c["interaction"], c["rho"],
-                             sims, seed=10_000 + k)
+                             sims, seed=10_000 + k, beta=tuple(c["beta"]) if c.get("beta") else None)
         total = c.get("sims", 0) + sims
         for key, x in more.items():
             old = c["result"][key]
             n_old = c.get("sims", total - sims)
-            c["result"][key] = {"coverage": (old["coverage"] * n_old + x["coverage"] * sims) / total,
-                                "width": (old["width"] * n_old + x["width"] * sims) / total}
+            c["result"][key] = {name: (old[name] * n_old + x[name] * sims) / total for name in x if name in old}
         c["sims"] = total
         print(f"[coverage] rechecked {_name(c)} with {sims} more: " + ", ".join(
             f"{key} {c['result'][key]['coverage']:.3f}" for key in c["result"] if key.split(": ")[1] in near),
@@ -136,13 +232,19 @@ def recheck(cells: list[dict], sims: int, low: float = 0.925, floor: float = 0.9
     return again
 
 
-def render(cells: list[dict], chosen: dict, sims: int, seconds: float) -> str:
+def render(cells: list[dict], chosen: dict, sims: int, seconds: float, command: str = "") -> str:
     keys = sorted({k for c in cells for k in c["result"]}, key=lambda k: (k.startswith("seed"), k))
+    grid_sims = min(c.get("sims", sims) for c in cells if not c.get("study"))
+    study_sims = [c.get("sims", sims) for c in cells if c.get("study")]
+    counts = (f"Each grid cell is at least {grid_sims} simulated comparisons (more where rechecked, as its row says)"
+              + (f", each cell of the study's own regimes {min(study_sims)}" if study_sims else ""))
     lines = ["# Coverage of the paired intervals", "",
-             f"`.venv/bin/python scripts/coverage.py --sims {sims}` ({seconds / 60:.0f} min on the project's 2-core "
-             f"CPU). Each cell is {sims} simulated comparisons of two arms on the same items; a rule covers when its "
-             "95% interval holds the true difference over items and seeds. Monte Carlo standard error of a coverage "
-             f"near 95%: {math.sqrt(0.95 * 0.05 / sims) * 100:.1f} points.", "",
+             f"`.venv/bin/python scripts/coverage.py {command or f'--sims {sims}'}` (this pass: {seconds / 60:.0f} "
+             f"min on the project's 2-core CPU). {counts}: two arms on the same items; a rule covers when its 95% "
+             "interval holds the true difference over items and seeds. Monte Carlo standard error of a coverage near "
+             f"95%: {math.sqrt(0.95 * 0.05 / grid_sims) * 100:.1f} points at {grid_sims} simulations"
+             + (f", {math.sqrt(0.95 * 0.05 / min(study_sims)) * 100:.1f} at {min(study_sims)}" if study_sims else "")
+             + ".", "",
              "Rules (`preproj.analysis.stats.RULES`): each arm's seed variance is its between-seed variance less the "
              "seed-by-item interaction that the items' variance already carries (*subtract*), or the raw between-seed "
              "variance (*raw*, which counts the interaction twice). *n-1 df* gives that estimate the seeds' n - 1 "
@@ -170,6 +272,20 @@ def render(cells: list[dict], chosen: dict, sims: int, seconds: float) -> str:
         worst = min(usable, key=lambda c: c["result"][key]["coverage"])
         lines.append(f"| {key} | {worst['result'][key]['coverage']:.3f} | {_name(worst)} | "
                      f"{np.mean([c['result'][key]['width'] for c in usable]):.4g} |")
+    study = [c for c in cells if c.get("study")]
+    if study:
+        lines += ["", "## The study's own regimes", "",
+                  "Cells whose variance components were fitted to the committed per-item records of the study they "
+                  "name (scripts/coverage.py, study_cells): the latent mean of each arm, its seed spread and the "
+                  "seed-by-item interaction, as run and with the 5 seeds per arm of the confirmatory study, with "
+                  "uncorrelated and correlated seed effects (ρ). The true difference is the one fitted, so *power* is "
+                  "how often each rule's interval excludes zero at the study's own effect. Each entry: coverage / "
+                  "power.",
+                  "", "| cell | " + " | ".join(keys) + " |", "|---" * (1 + len(keys)) + "|"]
+        for c in study:
+            row = [f"{c['result'][k]['coverage']:.3f} / {c['result'][k]['power']:.2f}" if k in c["result"] else "–"
+                   for k in keys]
+            lines.append(f"| {_name(c)}, {c['seeds'][0]} v {c['seeds'][1]} seeds | " + " | ".join(row) + " |")
     lines += ["", "## Every cell", "",
               "Coverage per rule (width relative to the chosen rule's, same test, in brackets).", "",
               "| metric | items | seeds A v B | seed sd A, B | interaction | ρ | simulations | "
@@ -206,28 +322,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recheck", type=int, default=4000,
                     help="simulations added to a cell where a rule near the floor everywhere falls below it (0: none)")
     ap.add_argument("--from-json", action="store_true", help="start from OUT.json's cells instead of simulating them")
+    ap.add_argument("--study", default="results/study-cpu",
+                    help="the study whose per-item records give the cells of its own regimes")
     ns = ap.parse_args(argv)
-    start, cells = time.monotonic(), grid()
-    if ns.from_json:
+    start, cells = time.monotonic(), grid() + study_cells(Path(ns.study))
+    if ns.from_json:  # the cells simulated already keep their results; new ones are simulated now
         done = json.loads(Path(ns.out).with_suffix(".json").read_text())
-        cells = done["cells"]
-        for cell in cells:
+        for cell in done["cells"]:
             cell.setdefault("sims", done["sims"])
+        kept = {_key(c): c for c in done["cells"]}
+        cells = [kept.get(_key(c), c) for c in cells]
+    fresh = set()
     for k, cell in enumerate(cells):
         if "result" in cell:
             continue
+        fresh.add(k)
         cell["sims"] = ns.sims
         cell["result"] = cell_coverage(cell["metric"], cell["items"], cell["seeds"], cell["sd"], cell["interaction"],
-                                       cell["rho"], ns.sims, seed=k)
+                                       cell["rho"], ns.sims, seed=k, beta=cell.get("beta"))
         print(f"[coverage] {k + 1}/{len(cells)} {_name(cell)}: " + ", ".join(
             f"{key.split(': ')[0][:4]}/{key.split(': ')[1]} {x['coverage']:.3f}" for key, x in cell["result"].items()),
             file=sys.stderr, flush=True)
-    if ns.recheck:
-        recheck(cells, ns.recheck)
+    if ns.recheck:  # a cell read back from OUT.json was rechecked when it was simulated
+        recheck(cells, ns.recheck, only=fresh if ns.from_json else None)
     chosen = choose(cells)
     out = Path(ns.out)
     out.with_suffix(".json").write_text(json.dumps({"sims": ns.sims, "chosen": chosen, "cells": cells}, indent=1))
-    out.with_suffix(".md").write_text(render(cells, chosen, ns.sims, time.monotonic() - start))
+    out.with_suffix(".md").write_text(render(cells, chosen, ns.sims, time.monotonic() - start,
+                                             " ".join(sys.argv[1:] if argv is None else argv)))
     print(f"chosen: {chosen['rule']} (qualify: {chosen['qualify']}); {len(cells)} cells x {ns.sims} simulations (more "
           f"where rechecked) in {(time.monotonic() - start) / 60:.1f} min; "
           f"{out.with_suffix('.md')}")

@@ -305,3 +305,18 @@ def test_the_results_manifest_lists_every_committed_result_file_with_its_hash():
     assert not changed, f"results files differ from MANIFEST.json: {changed[:5]}"
     assert not [name for name in listed if name.endswith(".jsonl")], "per-item files are committed packed (.xz)"
     assert sum(e["bytes"] for e in listed.values()) < pack.BUDGET_BYTES, "results/ grew past its budget"
+
+
+def test_the_study_regimes_fit_recovers_the_variance_components_simulate_uses():
+    """coverage.study_cells fits each arm's latent mean, seed spread and interaction to a study's items: on arms that
+    simulate() made with known ones, the fit finds them again."""
+    import numpy as np
+
+    coverage = _load("coverage")
+    rng = np.random.default_rng(3)
+    a, _, _ = coverage.simulate(rng, "binary", 40_000, (8, 8), (0.06, 0.0), 0.25, 0.0, beta=(-0.45, -0.40))
+    beta, sd, tau = coverage._fit_binary(a)
+    assert abs(beta + 0.45) < 0.05 and abs(tau - 0.25) < 0.03 and abs(sd - 0.06) < 0.03
+    a, _, _ = coverage.simulate(rng, "ratio", 2000, (8, 8), (0.01, 0.0), 0.02, 0.0, beta=(-0.2, -0.1))
+    beta, sd, tau = coverage._fit_ratio(a)
+    assert abs(beta + 0.2) < 0.02 and abs(tau - 0.02) < 0.002 and abs(sd - 0.01) < 0.006
