@@ -188,8 +188,8 @@ def baseline_table(runs: dict[str, Path]) -> str:
 
 
 def replication_tables(out: Path) -> str:
-    """A compare directory's methods table, paired comparisons and claims, from its results.json (which the
-    study's autocommit refreshes as runs finish)."""
+    """A compare directory's methods table, paired comparisons and claims, from its results.json (which an interim
+    `preproj study report` refreshes as runs finish)."""
     if not (out / "results.json").is_file():
         return "No run has been reported yet."
     report = json.loads((out / "results.json").read_text())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -160,99 +159,6 @@ def test_coverage_map_subset_welch_undercovers_where_one_arms_seeds_dominate_and
     # no seed variance: the chosen rule still covers (it pays for that elsewhere with width)
     none = coverage.cell_coverage("ratio", 62, (3, 3), (0.0, 0.0), 0.0, 0.0, sims=300, seed=2)
     assert none[f"item-and-seed: {RULE}"]["coverage"] >= 0.94
-
-
-def test_a_study_script_commits_its_runs_while_it_runs_and_keeps_the_commands_status(tmp_path):
-    """scripts/lib.sh: what a long study has finished is in git before it ends, and its exit status is the study's."""
-    lib = Path(__file__).resolve().parents[1] / "scripts" / "lib.sh"
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    subprocess.run([*git, "-C", str(tmp_path), "commit", "-q", "--allow-empty", "-m", "start"], check=True)
-    study = "mkdir -p out; echo 1 > out/first; sleep 3; echo 2 > out/second; exit 3"
-    env = {"PATH": os.environ["PATH"], "COMMIT_EVERY": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(tmp_path)}
-    done = subprocess.run(["bash", "-c", f'source "{lib}"; while_committing out demo sh -c "{study}"'], cwd=tmp_path,
-                          env=env)
-    assert done.returncode == 3
-    log = subprocess.run(["git", "-C", str(tmp_path), "log", "--format=%s", "--name-only"], capture_output=True,
-                         text=True, check=True).stdout
-    commits = log.split("demo: finished runs so far")
-    assert len(commits) >= 3, log  # at least one while running, one at the end
-    assert "out/first" in log and "out/second" in log
-    assert "out/second" not in commits[-1]  # the first commit (last in the log) came before the study ended
-    assert not subprocess.run(["git", "-C", str(tmp_path), "status", "--porcelain"], capture_output=True,
-                              text=True).stdout
-
-
-@pytest.mark.parametrize("committed_elsewhere", [False, True])
-def test_a_study_commits_an_interim_report_with_each_run_that_finishes(tmp_path, committed_elsewhere):
-    """scripts/lib.sh: an autocommit that finds a run finished since the study's last report first rewrites the
-    report from the runs so far (COMMAND --report-only --quiet) and commits it; one that finds nothing new leaves it.
-    A result that another study's autocommit has already committed still gets its report."""
-    lib = Path(__file__).resolve().parents[1] / "scripts" / "lib.sh"
-    elsewhere = "git add -A out; git commit -q -m elsewhere; " if committed_elsewhere else ""
-    (tmp_path / "study.sh").write_text(
-        'if [ "${1:-}" = --report-only ]; then ls out/*/result.json > out/report.md; echo "$2" >> out/calls; exit; fi\n'
-        "mkdir -p out/a; echo step > out/a/train_log.jsonl; sleep 2; echo {} > out/a/result.json; "
-        f"{elsewhere}sleep 4\n")
-    env = {"PATH": os.environ["PATH"], "COMMIT_EVERY": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(tmp_path)}
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True, text=True, check=True).stdout
-
-    git("init", "-q")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "start")
-    done = subprocess.run(["bash", "-c", f'source "{lib}"; while_committing out demo bash study.sh'], cwd=tmp_path,
-                          env=env)
-    assert done.returncode == 0
-    assert (tmp_path / "out" / "calls").read_text() == "--quiet\n"  # once: when a/result.json was new
-    added = git("log", "--diff-filter=A", "--format=%H", "--", "out/report.md").split()
-    assert len(added) == 1
-    if not committed_elsewhere:
-        assert "out/a/result.json" in git("show", "--name-only", "--format=", added[0]).split()
-    assert git("show", "HEAD:out/report.md") == "out/a/result.json\n"
-
-
-TABLES = """import pathlib, sys
-results = pathlib.Path("results/demo/value").read_text()
-if results.startswith("bad"):
-    sys.exit("cannot write the tables")
-for page in ("docs/results/demo.md", "docs/results/edited.md"):
-    path = pathlib.Path(page)
-    path.write_text(path.read_text().split("table:")[0] + "table: " + results)
-"""
-
-
-def test_a_study_commits_its_results_with_the_tables_written_from_them(tmp_path):
-    """In this repository an autocommit also writes the results tables (scripts/results_tables.py) and commits
-    the pages with the results; a page being edited is left alone, and results whose tables cannot be written are
-    not committed."""
-    lib = Path(__file__).resolve().parents[1] / "scripts" / "lib.sh"
-    env = {"PATH": os.environ["PATH"], "PYTHON": sys.executable, "HOME": str(tmp_path), "GIT_AUTHOR_NAME": "t",
-           "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
-
-    def sh(command: str) -> str:
-        return subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              check=True).stdout
-
-    for path, text in {"scripts/results_tables.py": TABLES, "results/demo/value": "1\n",
-                       "docs/results/demo.md": "# demo\ntable: 1\n", "docs/results/edited.md": "# edited\ntable: 1\n",
-                       "README.md": "readme\n"}.items():
-        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / path).write_text(text)
-    sh("git init -q . && git add -A && git commit -q -m start")
-    (tmp_path / "docs/results/edited.md").write_text("# edited by hand\ntable: 1\n")
-    (tmp_path / "results/demo/value").write_text("2\n")
-    sh(f'source "{lib}"; commit_runs results/demo demo')
-    assert sh("git show HEAD:results/demo/value") == "2\n"
-    assert sh("git show HEAD:docs/results/demo.md") == "# demo\ntable: 2\n"
-    assert sh("git show HEAD:docs/results/edited.md") == "# edited\ntable: 1\n"  # its edits are not committed
-    assert (tmp_path / "docs/results/edited.md").read_text() == "# edited by hand\ntable: 2\n"
-
-    (tmp_path / "results/demo/value").write_text("bad\n")
-    sh(f'source "{lib}"; commit_runs results/demo demo')
-    assert sh("git show HEAD:results/demo/value") == "2\n"  # its tables cannot be written: not committed
 
 
 def test_equivalence_needs_every_tasks_interval_inside_its_margin(tmp_path):

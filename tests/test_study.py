@@ -238,3 +238,16 @@ def test_verbose_shows_where_a_plain_value_error_came_from_and_not_a_study_files
     assert main(["study", "report", str(bad), "--verbose"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("preproj study: error: a bug, not bad input") and "Traceback" in err and "broken" in err
+
+
+def test_a_study_that_fixes_its_kernels_runs_only_with_them(tmp_path, monkeypatch):
+    import torch
+
+    from preproj.experiments.study import check_kernels
+
+    path = _write(tmp_path / "s.toml", "cpu_capability = 'avx2'\ndevice = 'cpu'\n")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    with pytest.raises(StudyFileError, match="run it as ATEN_CPU_CAPABILITY=avx2 preproj study run"):
+        check_kernels(load_study(path))
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    check_kernels(load_study(path))

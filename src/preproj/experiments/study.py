@@ -28,7 +28,10 @@ from .compare_args import PRESETS, CompareArgs
 
 STUDY_KEYS = {"name": "a short name, used in messages", "about": "what the study asks, one paragraph",
               "declared": "true: the plan was committed before any run; runs refuse to start from a file that is not "
-                          "committed unchanged"}
+                          "committed unchanged",
+              "cpu_capability": "torch's CPU kernels the runs were made with (avx2, avx512, ...): on a CPU the "
+                                "study runs only with them, so that a run resumed or retrained elsewhere gives the "
+                                "same bits"}
 TABLES = ("train", "eval", "sweep", "plan")
 EVAL_KEYS = ("protocol", "limits", "max_length", "extra_tasks")
 SWEEP_KEYS = {"rates": list, "steps": int, "seeds": int, "common": list}
@@ -46,6 +49,7 @@ class Study:
     name: str
     about: str
     declared: bool
+    cpu_capability: str | None
     args: CompareArgs
     preset: dict
     plan: dict | None
@@ -112,7 +116,7 @@ def load_study(path: str | Path, **overrides) -> Study:
     if plan is not None and not isinstance(plan, dict):
         raise StudyFileError(f"{path}: plan must be a table ([plan]), got {plan!r}.")
     return Study(path, str(spec.get("name", path.stem)), str(spec.get("about", "")), bool(spec.get("declared", False)),
-                 args, preset, plan, hashlib.sha256(raw).hexdigest())
+                 spec.get("cpu_capability"), args, preset, plan, hashlib.sha256(raw).hexdigest())
 
 
 def _train_keys() -> tuple[str, ...]:
@@ -162,6 +166,22 @@ def check_declared(study: Study) -> None:
                              "an exploratory study.")
 
 
+def check_kernels(study: Study) -> None:
+    """A study that fixes torch's CPU kernels runs on a CPU only with them (the variable must be set before torch
+    loads, so the runner can only check it)."""
+    import torch
+
+    from ..runtime.precision import resolve_device
+
+    if not study.cpu_capability or resolve_device(study.args.device).type != "cpu":
+        return
+    found = torch.backends.cpu.get_cpu_capability()
+    if found.lower() != study.cpu_capability.lower():
+        raise StudyFileError(f"{study.path} runs with torch's {study.cpu_capability} CPU kernels (cpu_capability), "
+                             f"and this process has {found}: run it as ATEN_CPU_CAPABILITY={study.cpu_capability} "
+                             f"preproj study run {study.path}, so that its runs resume and repeat to the bit.")
+
+
 def write_plan(study: Study) -> None:
     """The file's [plan] as OUT/analysis_plan.json, where compare reads its plan (with the file it came from)."""
     if study.plan is None:
@@ -203,6 +223,7 @@ def run_study(path: str | Path, *, report_only: bool = False, progress: bool = T
     study = load_study(path, **overrides)
     if not report_only:
         check_declared(study)
+        check_kernels(study)
         write_plan(study)
     args = dataclasses.replace(study.args, report_only=report_only)
     report = run_compare(args, progress, preset=study.preset, study=study.record())
