@@ -99,7 +99,7 @@ def test_paper_init_is_close_to_base_but_not_equal(family):
     attach(model, PreProjConfig())
     adapted = logits(model, ids)
     assert not torch.equal(adapted, base)
-    # Near, not at, the baseline (PAPER.md §1): a small relative change of the logits.
+    # Near, not at, the baseline (docs/method.md: the two modules): a small relative change of the logits.
     assert torch.linalg.vector_norm(adapted - base) < 0.1 * torch.linalg.vector_norm(base - base.mean())
 
 

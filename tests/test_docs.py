@@ -140,3 +140,14 @@ def test_the_public_api_is_what_docs_api_documents():
     for name, path in zip(names, [d for d in documented if not d.startswith("preproj.peft.")]):
         module, _, attr = path.rpartition(".")
         assert getattr(preproj, name) is getattr(__import__(module, fromlist=[attr]), attr), path
+
+
+def test_the_source_cites_the_projects_own_method_page_not_files_outside_it():
+    """src/ cites docs/method.md, which the repository holds; PAPER.md and the issue tracker are outside it."""
+    import re
+
+    src = ROOT / "src" / "preproj"
+    outside = [f"{p.relative_to(src)}:{n}" for p in src.rglob("*.py") for n, line in
+               enumerate(p.read_text().splitlines(), 1) if "PAPER.md" in line or re.search(r"\bissue \d+", line)]
+    assert not outside, f"cite docs/method.md (or say it in words) instead: {outside}"
+    assert (ROOT / "docs" / "method.md").is_file()

@@ -80,7 +80,7 @@ def test_embedded_model_counts_match_the_paper_table(smollm2):
     attach(model, PreProjConfig())
     try:
         added = trainable_parameters(model)
-        assert added == 30 * (2 * 576 * 720 + 576 * 576) == 34_836_480  # PAPER.md §1: 34.8M
+        assert added == 30 * (2 * 576 * 720 + 576 * 576) == 34_836_480  # docs/method.md: the two modules: 34.8M
         assert round(100 * added / (base_params + added), 1) == 20.6
     finally:
         detach(model)

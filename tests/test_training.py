@@ -230,7 +230,7 @@ def test_paper_lora_rank_is_the_authors_formula():
     pythia_160m = transformers.GPTNeoXConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                                              intermediate_size=64, vocab_size=16)
     model = transformers.AutoModelForCausalLM.from_config(pythia_160m)
-    assert paper_lora_rank(model) == 480  # PAPER.md §2: r=480 at 160M, LoRA 26.5M parameters
+    assert paper_lora_rank(model) == 480  # docs/method.md: the frozen probe: r=480 at 160M, LoRA 26.5M parameters
     peft_model = build_method(tiny_model("llama"), "lora", lora_rank="paper")
     assert peft_model.peft_config["default"].r == int(1.25 * 64) // 2
 

@@ -1,4 +1,5 @@
-"""The paper's numbers (PAPER.md §3 and §4) and its claims, each checked against this project's paired results.
+"""The paper's numbers (docs/method.md: the paper's results, the skip norms by depth) and its claims, each checked
+against this project's paired results.
 
 A claim is one method against one reference on one task, in the direction the paper reports. Its verdict
 comes from the paired comparison over the same items (and seeds) that `compare` makes, never from the
@@ -65,7 +66,8 @@ CLAIMS = (
     Claim("pre-projection alone lowers perplexity below the base's", "preproj", "base", "wikitext", "78.4 → 73.0"),
     Claim("pre-projection + LoRA beats LoRA on LAMBADA", "preproj+lora", "lora", "lambada", "0.126 → 0.162"),
     Claim("pre-projection + LoRA beats LoRA on perplexity", "preproj+lora", "lora", "wikitext", "63.8 → 60.8"),
-    # The ablation the paper lacks (PAPER.md §5): does the pre-projection add anything to the content skip?
+    # The ablation the paper lacks (docs/method.md: what the paper leaves open): does the pre-projection add
+    # anything to the content skip?
     Claim("(ablation, not in the paper) the pre-projection adds to the skip: pre-projection + skip beats skip alone "
           "on LAMBADA", "preproj+skip", "skip", "lambada", "no skip-only run"),
     Claim("(ablation, not in the paper) pre-projection + skip beats skip alone on perplexity", "preproj+skip", "skip",

@@ -134,7 +134,7 @@ def trainable_parameters(model: nn.Module) -> int:
 
 
 def skip_norms(model: nn.Module) -> list[float]:
-    """||W_skip||_F for each adapted layer, in layer order (PAPER.md §4)."""
+    """||W_skip||_F for each adapted layer, in layer order (docs/method.md: the skip norms by depth)."""
     layers = adapted_layers(model)
     if not layers:
         raise ValueError("The model carries no preproj adapter; attach one first.")

@@ -25,7 +25,7 @@ def _finite_number(value) -> bool:
 
 @dataclass
 class PreProjConfig:
-    """Configuration of the pre-projection and content-skip adapter (PAPER.md §1)."""
+    """Configuration of the pre-projection and content-skip adapter (docs/method.md: the two modules)."""
 
     mode: str = field(
         default="preproj+skip",

@@ -20,10 +20,10 @@ class Family:
     attention: str
     """Attribute of a decoder layer holding its attention module (the one that gets wrapped)."""
     input_norm: str | None
-    """The block's existing attention-input norm (x̂ = Norm(x), PAPER.md §1); None where attention reads
-    the residual stream itself (then x̂ = x)."""
+    """The block's existing attention-input norm (x̂ = Norm(x), docs/method.md: the two modules); None where
+    attention reads the residual stream itself (then x̂ = x)."""
     lora_targets: str
-    """Regex over module names matching the attention projections that LoRA adapts (PAPER.md §2).
+    """Regex over module names matching the attention projections that LoRA adapts (docs/method.md: the frozen probe).
     `base_layer.` appears when the pre-projection wraps the attention (method preproj+lora)."""
     pre_norm_flag: str | None = None
     """A config attribute that, when False, makes the block post-norm: attention then reads the un-normed
@@ -163,8 +163,8 @@ def check_structure(model: nn.Module, family: Family) -> None:
     if received is None or seen.get("expected") is None or received.shape != seen["expected"].shape \
             or not torch.equal(received, seen["expected"]):
         raise ValueError(f"{type(model).__name__}: the attention module {family.attention!r} of layer 0 does not "
-                         f"receive {what}, so the pre-projection would not sit where PAPER.md §1 puts it. "
-                         "Check the structure (layers, attention, input_norm) for this model.")
+                         f"receive {what}, so the pre-projection would not sit where the method puts it "
+                         "(docs/method.md). Check the structure (layers, attention, input_norm) for this model.")
 
 
 def hidden_size(model: nn.Module) -> int:

@@ -1,5 +1,5 @@
-"""The two modules of PAPER.md §1 (`PreProjAdapter` holds one adapter's pair) and the wrappers that put
-them around an attention layer: `PreProjAttention` here, `preproj.peft.layer` for PEFT.
+"""The two modules (docs/method.md; `PreProjAdapter` holds one adapter's pair) and the wrappers that put them
+around an attention layer: `PreProjAttention` here, `preproj.peft.layer` for PEFT.
 
     x̂  = Norm(x)                                 the block's own attention-input norm
     x̃  = x̂ + W_down · act(W_up · x̂)             pre-projection, before Q/K/V (and before RoPE)

@@ -40,7 +40,7 @@ class EvalArgs:
     """Comma-separated tasks of the task table (evaluation/tasks/): lambada, hellaswag, arc_easy, wikitext by default;
     wikitext_file (WikiText-2 test in the training text's format) and hellaswag_full (llama.cpp's 10,042 items)."""
     protocol: str = "harness"
-    """'harness' (lm-evaluation-harness 0.4.x definitions) or 'paper' (PAPER.md §2)."""
+    """'harness' (lm-evaluation-harness 0.4.x definitions) or 'paper' (docs/method.md: the frozen probe)."""
     limit: int | None = None
     """Take the first N items of each task (the paper protocol defaults to 500)."""
     data_dir: str | None = None

@@ -16,7 +16,7 @@ PRESETS = {
         "eval": dict(protocol="harness", limits={"lambada": 200, "hellaswag": 100, "arc_easy": 200, "wikitext": 2},
                      max_length=2048),
     },
-    # The CPU study (issue 10): clean splits (train on WikiText-2 train, pick learning rates on raw valid,
+    # The CPU study (results/study-cpu): clean splits (train on WikiText-2 train, pick learning rates on raw valid,
     # report on raw test and the full evaluation sets), 262,144 training tokens per run, 3 seeds for the
     # methods that matter most. Hours on 2 cores; every run and sweep point resumes where it stopped. fp32
     # throughout, so that runs made in parts on different machines are alike.
@@ -25,15 +25,15 @@ PRESETS = {
         "eval_precision": "fp32",
         "train": dict(data="wikitext2-train", packing="pack", seq_len=256, batch_size=4, grad_accum=1, steps=256,
                       lr=3e-4, warmup=16, eval_every=64, eval_batches=8, save_every=32),
-        # wikitext_file: the test documents also in the training text's format, where the paper measures (issue 28)
+        # wikitext_file: the test documents also in the training text's format, where the paper measures
         "eval": dict(protocol="harness", limits={}, max_length=2048, extra_tasks=("wikitext_file",)),
         "lr_sweep": "1e-4,3e-4,1e-3,3e-3", "sweep_steps": 64, "sweep_seeds": 2, "seeds": 3,
-        # Every method at its own swept rate, and the two the rate confounds (issue 28) also at preproj+skip's 3e-4,
+        # Every method at its own swept rate, and the two the rate confounds also at preproj+skip's 3e-4,
         # the common rate; 3 seeds each. results/study-cpu/analysis_plan.json declares the comparisons among them.
         "methods": "base,preproj+skip,lora,skip,preproj,preproj+lora,lora@3e-4,skip@3e-4",
     },
-    # The paper's exact protocol (PAPER.md §2) on whatever device is present: 4 x 4 x 512 tokens per
-    # step; several processes split the 4 sequences of each micro-batch between them.
+    # The paper's exact protocol (docs/method.md: the frozen probe) on whatever device is present: 4 x 4 x 512
+    # tokens per step; several processes split the 4 sequences of each micro-batch between them.
     "paper": {
         "precision": "bf16-true",
         "eval_precision": "bf16-true",
@@ -60,7 +60,7 @@ class CompareArgs:
     """Comma-separated methods that get --seeds seeds, the others one; default: the preset's (all trained methods)."""
     preset: str = "cpu"
     """cpu (the embedded model on 2 cores: README's main job), study (the decisive CPU study: hours, resumable) or
-    paper (PAPER.md §2, for a GPU)."""
+    paper (docs/method.md: the frozen probe, for a GPU)."""
     lr_sweep: str | None = None
     """Comma-separated peak learning rates; each method trains at the one with the lowest held-out loss on the
     training data's validation text after --sweep-steps. Default: the preset's (study: 1e-4,3e-4,1e-3,3e-3);

@@ -1,6 +1,6 @@
 """Baselines through PEFT: LoRA on the attention projections, rank matched to an adapter's size.
 
-PAPER.md §2: alpha = 2r, dropout 0, attention projections only. The paper's rank formula
+docs/method.md: the frozen probe: alpha = 2r, dropout 0, attention projections only. The paper's rank formula
 under-counted (26.5M vs 24.8M); here r is chosen so the trainable count is within 1% of the target.
 """
 

@@ -5,7 +5,7 @@
     skip           content skip only (the ablation the paper lacks)
     preproj+skip   both (the paper's method)
     lora           PEFT LoRA on the attention projections, rank matched to preproj+skip's parameters
-    preproj+lora   pre-projection plus LoRA r=64 (PAPER.md §2)
+    preproj+lora   pre-projection plus LoRA r=64 (docs/method.md: the frozen probe)
     gate, gate-head, value-residual, pre-mlp, preproj+skip+gate
                    the block changes the skip is compared with from scratch (docs/guide/variants.md)
 
@@ -28,7 +28,7 @@ from ..runtime.precision import Precision
 from ..runtime.precision import precision as as_precision
 from .lora import attach_lora, matched_lora_rank
 
-PAPER_LORA_RANK = 64  # pre-proj + LoRA r=64, PAPER.md §2
+PAPER_LORA_RANK = 64  # pre-proj + LoRA r=64, docs/method.md: the frozen probe
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,8 @@ def _build_base(model: nn.Module, precision: Precision, lora_rank: int | str | N
 
 
 def paper_lora_rank(model: nn.Module) -> int:
-    """The author's rank (07_benchmarks.py, PAPER.md §2): r = int(target / (L * 2 * d * 2)) with the
-    pre-projection-only count as target, which works out to floor(1.25 d) // 2 (480 for Pythia-160M)."""
+    """The author's rank (07_benchmarks.py, docs/method.md: the frozen probe): r = int(target / (L * 2 * d * 2))
+    with the pre-projection-only count as target, which works out to floor(1.25 d) // 2 (480 for Pythia-160M)."""
     layers, d = len(decoder_layers(model)), hidden_size(model)
     return int(layers * PreProjConfig(mode="preproj").params_per_layer(d) / (layers * 2 * d * 2))
 

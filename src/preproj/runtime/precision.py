@@ -111,10 +111,11 @@ PRECISIONS = {
         Precision("bf16-mixed", torch.float32, torch.float32, torch.bfloat16,
                   "float32 weights and adapter masters, bf16 autocast"),
         Precision("bf16-true", torch.bfloat16, torch.bfloat16, None,
-                  "pure bf16 weights, adapter included, as in the paper (PAPER.md §2)"),
+                  "pure bf16 weights, adapter included, as in the paper (docs/method.md: the frozen probe)"),
         Precision("bf16-frozen", torch.bfloat16, torch.float32, torch.bfloat16,
                   "bf16 base weights with float32 adapter masters, bf16 autocast (half the base's memory; "
-                  "the paper's forward pass without its rounded-away updates, PAPER.md §5)"),
+                  "the paper's forward pass without its rounded-away updates, docs/method.md: what the paper "
+                  "leaves open)"),
     )
 }
 

@@ -1,4 +1,4 @@
-"""The bf16 question (PAPER.md §5): how many adapter updates bf16 rounding erased."""
+"""The bf16 question (docs/method.md: what the paper leaves open): how many adapter updates bf16 rounding erased."""
 
 from __future__ import annotations
 

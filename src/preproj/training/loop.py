@@ -1,4 +1,4 @@
-"""`preproj train`: the frozen probe. Base frozen, only the new parameters learn (PAPER.md §2).
+"""`preproj train`: the frozen probe. Base frozen, only the new parameters learn (docs/method.md: the frozen probe).
 
 A plain loop, nanoGPT-style, in four phases read top to bottom: setup (model, method, data, optimizer, checkpoint),
 fit (AdamW, cosine schedule with linear warmup, gradient accumulation, checkpoints), validate (held-out loss at

@@ -30,7 +30,8 @@ def tokenize_examples(texts: list[str], tokenizer, seq_len: int, packing: str = 
     puts its BOS before every text (Gemma, Llama) gets it at the start of every window and nowhere else, as the
     model saw text in pretraining and sees it in evaluation: Gemma 3 270M's loss on WikiText is about a nat higher
     on windows that lack it, and modules trained there learn to undo that instead of the task.
-    packing 'lines': one example per line, truncated or padded to seq_len with eos, pads masked (PAPER.md §2).
+    packing 'lines': one example per line, truncated or padded to seq_len with eos, pads masked (docs/method.md: the
+    frozen probe).
     """
     import torch
 

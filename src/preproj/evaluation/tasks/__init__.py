@@ -6,7 +6,7 @@ them from here. To add a task, write a file like lambada.py and add its TASK bel
 
 protocol "harness" (default): the metric definitions of lm-evaluation-harness 0.4.x (lambada_openai, wikitext,
 hellaswag, arc_easy), including its tokenisation of (context, continuation) pairs and its rolling windows for
-perplexity. protocol "paper": the definitions of PAPER.md §2.
+perplexity. protocol "paper": the definitions of docs/method.md: the frozen probe.
 """
 
 from __future__ import annotations

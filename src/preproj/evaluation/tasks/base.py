@@ -9,8 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 
 PROTOCOLS = ("harness", "paper")
-PAPER_LIMIT = 500  # PAPER.md §2: the first 500 items of each task
-PAPER_MAX_TOKENS = 512  # PAPER.md §2: longer items are skipped (LAMBADA) or truncated (WikiText rows)
+PAPER_LIMIT = 500  # docs/method.md, the frozen probe: the first 500 items of each task
+# docs/method.md, the frozen probe: longer items are skipped (LAMBADA) or truncated (WikiText rows)
+PAPER_MAX_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,8 @@ def paper_pair(score, context: str, continuation: str) -> tuple[list[int], list[
 def multiple_choice(score, docs: list[dict], context_of, choices_of, desc: str, mean_per_token: bool,
                     items: list | None = None) -> dict:
     """acc (and under the harness acc_norm) of choosing the gold continuation by log-likelihood: the harness sums
-    it (acc_norm over the choice's length in characters), the paper takes its mean per token (PAPER.md §2)."""
+    it (acc_norm over the choice's length in characters), the paper takes its mean per token (docs/method.md: the
+    frozen probe)."""
     pairs, spans, groups = [], [], []
     for doc in docs:
         ctx, choices = context_of(doc), choices_of(doc)

@@ -24,11 +24,11 @@ def harness(score, docs: list[dict], items: list | None = None) -> dict:
 
 
 def paper(score, docs: list[dict], items: list | None = None) -> dict:
-    """PAPER.md §2: the target word tokenized alone; items longer than 512 tokens are skipped."""
+    """docs/method.md: the frozen probe: the target word tokenized alone; items longer than 512 tokens are skipped."""
     pairs = []
     for d in docs:
         words = d["text"].split(" ")
-        # the target alone, without the BOS a tokenizer may add: it follows the context (PAPER.md §2)
+        # the target alone, without the BOS a tokenizer may add: it follows the context (docs/method.md)
         pairs.append((score.encode_special(" ".join(words[:-1])), score.encode(" " + words[-1])))
     kept = [i for i, p in enumerate(pairs) if len(p[0]) + len(p[1]) <= PAPER_MAX_TOKENS]
     results = score([pairs[i] for i in kept], desc="lambada (paper)")

@@ -10,7 +10,8 @@ import numpy as np
 from ... import data
 from .base import PAPER_MAX_TOKENS, Metric, Task, first, mean_stderr, ratio_stderr
 
-PAPER_WIKITEXT_ROWS, PAPER_MIN_CHARS, PAPER_MIN_TOKENS = 300, 50, 10  # the author's perplexity rule, PAPER.md §2
+# the author's perplexity rule (docs/method.md: the frozen probe)
+PAPER_WIKITEXT_ROWS, PAPER_MIN_CHARS, PAPER_MIN_TOKENS = 300, 50, 10
 
 
 def harness(score, docs: list[dict], items: list | None = None, *, detokenize: bool = True) -> dict:
@@ -42,8 +43,8 @@ def harness(score, docs: list[dict], items: list | None = None, *, detokenize: b
 
 
 def paper_rows(rows: list[str], encode) -> list[tuple[str, list[int]]]:
-    """(row, its token ids) for each row the author's rule scores (PAPER.md §2): of the first 300 rows,
-    blank ones included, those whose stripped text has >= 50 characters and which tokenise, truncated to
+    """(row, its token ids) for each row the author's rule scores (docs/method.md: the frozen probe): of the first 300
+    rows, blank ones included, those whose stripped text has >= 50 characters and which tokenise, truncated to
     512 tokens, to >= 10 tokens. Each row keeps its trailing newline."""
     picked = []
     for row in rows[:PAPER_WIKITEXT_ROWS]:
@@ -55,8 +56,8 @@ def paper_rows(rows: list[str], encode) -> list[tuple[str, list[int]]]:
 
 
 def paper(score, rows: list[str], items: list | None = None) -> dict:
-    """PAPER.md §2: perplexity = exp(mean over the scored rows of each row's mean token loss), the loss
-    of model(ids, labels=ids): every token after the first is predicted."""
+    """The paper's perplexity (docs/method.md: the frozen probe): exp(mean over the scored rows of each row's mean
+    token loss), the loss of model(ids, labels=ids): every token after the first is predicted."""
     pairs = [(ids[:1], ids[1:]) for _, ids in paper_rows(rows, score.encode_special)]
     results = score(pairs, desc="wikitext (paper)")
     line_loss = [-ll / len(cont) for (ll, _), (_, cont) in zip(results, pairs, strict=True)]
