@@ -87,34 +87,73 @@ def compare(ref: list[np.ndarray], new: list[np.ndarray], metric: str, seed_pair
         terms += [seed_term([v for v, _ in side], [u for _, u in side], rule) for side in (ref_m, new_m)
                   if len(side) > 1]
     var = var_items + sum(v for v, _ in terms)
+    parts = (var_items, len(d), terms)
     if rule.endswith("separate quantiles"):  # items at the normal quantile, each seed term at its own t, in quadrature
-        # half-width of the two-sided level-c interval (upper-tail quantiles: exact for tiny c)
-        def half(c: float) -> float:
-            return math.sqrt(stats.t.isf(c / 2, len(d) - 1) ** 2 * var_items
-                             + sum((stats.t.isf(c / 2, df) if math.isfinite(df) else stats.norm.isf(c / 2)) ** 2 * v
-                                   for v, df in terms if v > 0))
+        half = _half_widths(parts)
         p = 1.0 if effect == 0 else 0.0
-        if var > 0 and effect != 0:  # the level at which the interval just reaches zero, by bisection on log(level)
-            lo, hi = math.log(1e-16), 0.0
-            if half(math.exp(lo)) < abs(effect):
-                p = math.exp(lo)
-            else:
-                for _ in range(200):
-                    mid = (lo + hi) / 2
-                    lo, hi = (mid, hi) if half(math.exp(mid)) >= abs(effect) else (lo, mid)
-                p = math.exp(hi)
-        return {"effect": effect, "low": effect - half(0.05), "high": effect + half(0.05), "p": p}
-    share = var_items ** 2 / (len(d) - 1) + sum(v * v / df for v, df in terms if v > 0)  # items: len - 1 df
-    df = var * var / share if share > 0 else len(d) - 1
-    if rule == "raw, t(n-1) for all" and terms:
-        df = min(df for _, df in terms)
+        if var > 0 and effect != 0:
+            p = _level(abs(effect), half)
+        return {"effect": effect, "low": effect - half(0.05), "high": effect + half(0.05), "p": p, "parts": parts}
+    se, df = _se_df(parts, rule)
     q = stats.t.ppf(0.975, df) if math.isfinite(df) else stats.norm.ppf(0.975)
-    se = math.sqrt(var)
     if se == 0:
         p = 1.0 if effect == 0 else 0.0
     else:
         p = 2 * (stats.t.sf(abs(effect) / se, df) if math.isfinite(df) else stats.norm.sf(abs(effect) / se))
-    return {"effect": effect, "low": effect - q * se, "high": effect + q * se, "p": p}
+    return {"effect": effect, "low": effect - q * se, "high": effect + q * se, "p": p, "parts": parts}
+
+
+def _half_widths(parts):
+    """The separate-quantiles half-width of the two-sided level-c interval (upper-tail quantiles: exact for tiny c)."""
+    var_items, n_items, terms = parts
+
+    def half(c: float) -> float:
+        return math.sqrt(stats.t.isf(c / 2, n_items - 1) ** 2 * var_items
+                         + sum((stats.t.isf(c / 2, df) if math.isfinite(df) else stats.norm.isf(c / 2)) ** 2 * v
+                               for v, df in terms if v > 0))
+    return half
+
+
+def _level(distance: float, half) -> float:
+    """The two-sided level at which the interval's half-width equals `distance`, by bisection on log(level)."""
+    lo, hi = math.log(1e-16), 0.0
+    if half(math.exp(lo)) < distance:
+        return math.exp(lo)
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if half(math.exp(mid)) >= distance else (lo, mid)
+    return math.exp(hi)
+
+
+def _se_df(parts, rule: str) -> tuple[float, float]:
+    var_items, n_items, terms = parts
+    var = var_items + sum(v for v, _ in terms)
+    share = var_items ** 2 / (n_items - 1) + sum(v * v / df for v, df in terms if v > 0)  # items: n - 1 df
+    df = var * var / share if share > 0 else n_items - 1
+    if rule == "raw, t(n-1) for all" and terms:
+        df = min(df for _, df in terms)
+    return math.sqrt(var), df
+
+
+def one_sided(distance: float, parts, rule: str) -> float:
+    """p of 'the difference is at most effect - distance' (a positive distance argues against it), built as the
+    interval is."""
+    if rule.endswith("separate quantiles"):
+        if distance == 0:
+            return 0.5
+        c = _level(abs(distance), _half_widths(parts))
+        return c / 2 if distance > 0 else 1 - c / 2
+    se, df = _se_df(parts, rule)
+    if se == 0:
+        return 0.0 if distance > 0 else 1.0
+    return float(stats.t.sf(distance / se, df) if math.isfinite(df) else stats.norm.sf(distance / se))
+
+
+def tost(m: dict, margin: float, rule: str) -> float:
+    """Two one-sided tests that the difference lies within +-margin: the larger p."""
+    if not math.isfinite(m["parts"][0]):
+        return math.nan
+    return max(one_sided(m["effect"] + margin, m["parts"], rule), one_sided(margin - m["effect"], m["parts"], rule))
 
 
 def holm(p: list[float]) -> list[float]:
@@ -160,14 +199,20 @@ def committed_to(plan: dict, family: dict) -> set[tuple[str, str, str]]:
 def recomputed(out: Path, report: dict, rule: str) -> list[dict]:
     """Every paired entry of the report under `rule`: effect, interval, p, the p its family decides by, verdict."""
     plan, seeds = report["plan"], {m: row["seeds"] for m, row in report["methods"].items()}
+    # an arm's runs: where results.json names them (two arms may share one training), else METHOD-seedN
+    dirs = {m: dict(zip(row["seeds"], row.get("run_dirs") or [f"{m}-seed{s}" for s in row["seeds"]]))
+            for m, row in report["methods"].items()}
     mine = []
     for entry in report["paired"]:
         task, metric = entry["metric"].split(".")
-        a = [load(out / f"{entry['reference']}-seed{s}", task, metric) for s in sorted(seeds[entry["reference"]])]
-        b = [load(out / f"{entry['method']}-seed{s}", task, metric) for s in sorted(seeds[entry["method"]])]
+        a = [load(out / dirs[entry["reference"]][s], task, metric) for s in sorted(seeds[entry["reference"]])]
+        b = [load(out / dirs[entry["method"]][s], task, metric) for s in sorted(seeds[entry["method"]])]
         paired = "base" not in (entry["method"], entry["reference"]) and sorted(seeds[entry["method"]]) == \
             sorted(seeds[entry["reference"]]) and len(seeds[entry["method"]]) > 1
         mine.append({**compare(a, b, metric, paired, rule), "higher": entry["higher_is_better"], "family": None})
+        if "equivalence" in entry:
+            margin = entry["equivalence"]["margin"]
+            mine[-1].update(margin=margin, tost=tost(mine[-1], margin, rule), tost_q={})
     measured = {(e["method"], e["reference"], e["metric"]) for e in report["paired"]}
     for family in plan["families"]:
         wanted = None if family["members"] == "all" else {(x["method"], x["reference"], x["metric"])
@@ -175,16 +220,29 @@ def recomputed(out: Path, report: dict, rule: str) -> list[dict]:
         idx = [i for i, e in enumerate(report["paired"])
                if wanted is None or (e["method"], e["reference"], e["metric"]) in wanted]
         missing = [1.0] * len(committed_to(plan, family) - measured)  # declared, runs still to come
-        adjusted = (holm if family["correction"] == "holm" else bh)([mine[i]["p"] for i in idx] + missing)
+        adjust = holm if family["correction"] == "holm" else bh
+        adjusted = adjust([mine[i]["p"] for i in idx] + missing)
         for i, q in zip(idx, adjusted):
             if family["correction"] == "holm" or mine[i]["family"] is None:
                 mine[i]["family"], mine[i]["q"] = family["name"], q
+        tested = [i for i in idx if "margin" in mine[i]]  # the equivalence tests, corrected the same way
+        for i, q in zip(tested, adjust([_or_one(mine[i]["tost"]) for i in tested] + missing)):
+            mine[i]["tost_q"][family["name"]] = q
+    alpha = plan.get("alpha", 0.05)
     for m in mine:
         m.setdefault("q", m["p"])
         raw = "no detectable difference" if m["low"] <= 0 <= m["high"] else \
             ("better" if (m["effect"] > 0) == m["higher"] else "worse")
-        m["verdict"] = raw if m["q"] < plan.get("alpha", 0.05) else "no detectable difference"
+        if m["q"] < alpha or "margin" not in m:
+            m["verdict"] = raw if m["q"] < alpha else "no detectable difference"
+        else:
+            q = m["tost_q"].get(m["family"], _or_one(m["tost"]))
+            m["verdict"] = f"{'equivalent within' if q < alpha else 'undecided at'} ±{m['margin']:g}"
     return mine
+
+
+def _or_one(p: float) -> float:
+    return p if math.isfinite(p) else 1.0
 
 
 def main(argv: list[str]) -> int:
@@ -199,6 +257,15 @@ def main(argv: list[str]) -> int:
             if not math.isclose(entry[key], m[key], rel_tol=1e-7, abs_tol=1e-12 if key != "p" else 1e-15):
                 problems += 1
                 print(f"{name}: {key} {entry[key]!r} in results.json, {m[key]!r} recomputed")
+        if "margin" in m:
+            test = entry["equivalence"]
+            pairs = [("equivalence p", test["p"], m["tost"])] + [
+                (f"equivalence p adjusted in {f}", q, m["tost_q"].get(f)) for f, q in test.get("adjusted", {}).items()]
+            for what, given, found in pairs:
+                if found is None or not (math.isclose(given, found, rel_tol=1e-7, abs_tol=1e-14)
+                                         or math.isnan(given) and math.isnan(found)):
+                    problems += 1
+                    print(f"{name}: {what} {given!r} in results.json, {found!r} recomputed")
         theirs = entry.get("adjusted", {}).get(m["family"], entry["p"])
         if not math.isclose(theirs, m["q"], rel_tol=1e-7, abs_tol=1e-14):
             problems += 1

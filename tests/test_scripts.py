@@ -67,7 +67,7 @@ def test_skip_agreement_refuses_adapters_without_a_skip(tmp_path):
         agreement.agreement([tmp_path / "missing", path])
 
 
-def _study_fixture(out: Path, rule: str | None = None) -> None:
+def _study_fixture(out: Path, rule: str | None = None, margins: dict | None = None) -> None:
     """A compare directory in miniature: the base (one seed) and two arms with three shared seeds, per-item files for
     LAMBADA and WikiText in both formats, and the results.json that compare's own analysis writes from them."""
     import numpy as np
@@ -94,7 +94,7 @@ def _study_fixture(out: Path, rule: str | None = None) -> None:
             (run_dir / "items.wikitext_file.jsonl").write_text("\n".join(lines) + "\n")
             runs.append({"method": method, "seed": seed, "run_dir": run_dir.name})
     methods = list(seeds)
-    plan = {**analysis_plan(out, methods, "harness"), "rule": rule or RULE}
+    plan = {**analysis_plan(out, methods, "harness"), "rule": rule or RULE, **({"margins": margins} if margins else {})}
     report = {"methods": {m: {"seeds": s} for m, s in seeds.items()}, "plan": plan, "rule": plan["rule"],
               "paired": paired_comparisons(runs, methods, "harness", out, plan)}
     (out / "results.json").write_text(json.dumps(report))
@@ -226,3 +226,19 @@ def test_the_study_regimes_fit_recovers_the_variance_components_simulate_uses():
     a, _, _ = coverage.simulate(rng, "ratio", 2000, (8, 8), (0.01, 0.0), 0.02, 0.0, beta=(-0.2, -0.1))
     beta, sd, tau = coverage._fit_ratio(a)
     assert abs(beta + 0.2) < 0.02 and abs(tau - 0.02) < 0.002 and abs(sd - 0.01) < 0.006
+
+
+@pytest.mark.parametrize("rule", ["raw, separate quantiles", "raw, t(n-1) for all", "subtract, Satterthwaite df"])
+def test_recompute_agrees_on_equivalence_tests_and_their_verdicts(tmp_path, capsys, rule):
+    """A plan with margins: recompute.py (numpy and scipy only) finds every TOST p, its adjustment and the
+    equivalent/undecided verdicts that compare wrote, and catches an edited one."""
+    _study_fixture(tmp_path, rule, margins={"lambada.acc": 0.05, "wikitext.heldout_loss": 0.01})
+    report = json.loads((tmp_path / "results.json").read_text())
+    tested = [e for e in report["paired"] if "equivalence" in e]
+    assert tested and any(e["verdict"].startswith(("equivalent", "undecided")) for e in tested)
+    recompute = _load("recompute")
+    assert recompute.main([str(tmp_path)]) == 0 and "all agree" in capsys.readouterr().out
+    tested[0]["equivalence"]["p"] *= 1.01
+    (tmp_path / "results.json").write_text(json.dumps(report))
+    assert recompute.main([str(tmp_path)]) == 1
+    assert "equivalence p" in capsys.readouterr().out

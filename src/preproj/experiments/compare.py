@@ -326,6 +326,7 @@ def summarise(runs: list[dict], methods: list[str], args: CompareArgs, protocol:
         norms = [r["skip_norms"] for r in mine if r["skip_norms"]]
         table[method] = {
             "trainable_params": mine[0]["trainable_params"], "seeds": [r["seed"] for r in mine], "metrics": cells,
+            "run_dirs": [r["run_dir"] for r in mine],
             "train_tokens": mine[0]["train_tokens"], "train_seconds": mean_known([r["train_seconds"] for r in mine]),
             "eval_seconds": mean_known([r["eval_seconds"] for r in mine]),
             "skip_norms": np.mean(norms, axis=0).tolist() if norms else None,
