@@ -45,14 +45,21 @@ def load(run_dir: Path, task: str, metric: str) -> np.ndarray:
 
 
 def metric_and_linearisation(x: np.ndarray, metric: str) -> tuple[float, np.ndarray]:
-    """The metric on one seed's items and each item's first-order contribution to it."""
+    """The metric on one seed's items and each item's influence on it (for a ratio over documents, the jackknife's)."""
     if x.ndim == 1:
         return x.mean(), x - x.mean()
     ratio = x[:, 0].sum() / x[:, 1].sum()
-    lin = (x[:, 0] - ratio * x[:, 1]) / x[:, 1].mean()
-    if metric == "word_perplexity":
-        return math.exp(ratio), math.exp(ratio) * lin
-    return ratio, lin
+    loo = (x[:, 0].sum() - x[:, 0]) / (x[:, 1].sum() - x[:, 1])  # the jackknife over documents
+    f = math.exp if metric == "word_perplexity" else (lambda r: r)
+    g = np.exp if metric == "word_perplexity" else (lambda r: r)
+    return f(ratio), (len(x) - 1) * (f(ratio) - g(loo))
+
+
+def items_df(x: np.ndarray) -> float:
+    """Items less one; for documents, their effective number (Kish, by token counts) less one."""
+    if x.ndim == 1:
+        return len(x) - 1.0
+    return float(x[:, 1].sum() ** 2 / (x[:, 1] ** 2).sum()) - 1.0
 
 
 def seed_term(values: list[float], lins: list[np.ndarray], rule: str) -> tuple[float, float]:
@@ -87,7 +94,7 @@ def compare(ref: list[np.ndarray], new: list[np.ndarray], metric: str, seed_pair
         terms += [seed_term([v for v, _ in side], [u for _, u in side], rule) for side in (ref_m, new_m)
                   if len(side) > 1]
     var = var_items + sum(v for v, _ in terms)
-    parts = (var_items, len(d), terms)
+    parts = (var_items, max(1.0, items_df(ref[0])), terms)
     if rule.endswith("separate quantiles"):  # items at the normal quantile, each seed term at its own t, in quadrature
         half = _half_widths(parts)
         p = 1.0 if effect == 0 else 0.0
@@ -105,10 +112,10 @@ def compare(ref: list[np.ndarray], new: list[np.ndarray], metric: str, seed_pair
 
 def _half_widths(parts):
     """The separate-quantiles half-width of the two-sided level-c interval (upper-tail quantiles: exact for tiny c)."""
-    var_items, n_items, terms = parts
+    var_items, df_items, terms = parts
 
     def half(c: float) -> float:
-        return math.sqrt(stats.t.isf(c / 2, n_items - 1) ** 2 * var_items
+        return math.sqrt(stats.t.isf(c / 2, df_items) ** 2 * var_items
                          + sum((stats.t.isf(c / 2, df) if math.isfinite(df) else stats.norm.isf(c / 2)) ** 2 * v
                                for v, df in terms if v > 0))
     return half
@@ -126,10 +133,10 @@ def _level(distance: float, half) -> float:
 
 
 def _se_df(parts, rule: str) -> tuple[float, float]:
-    var_items, n_items, terms = parts
+    var_items, df_items, terms = parts
     var = var_items + sum(v for v, _ in terms)
-    share = var_items ** 2 / (n_items - 1) + sum(v * v / df for v, df in terms if v > 0)  # items: n - 1 df
-    df = var * var / share if share > 0 else n_items - 1
+    share = var_items ** 2 / df_items + sum(v * v / df for v, df in terms if v > 0)
+    df = var * var / share if share > 0 else df_items
     if rule == "raw, t(n-1) for all" and terms:
         df = min(df for _, df in terms)
     return math.sqrt(var), df

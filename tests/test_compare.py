@@ -197,8 +197,8 @@ def test_learning_rates_are_swept_per_method_and_seeds_go_where_asked(tmp_path, 
     # seed by seed: every method's first seed before any second one
     started = re.findall(r"\[compare\] (\S+) seed (\d+) \.\.\.", caplog.text)
     assert started == [("base", "42"), ("skip", "42"), ("lora", "42"), ("skip", "43")]
-    assert "2 seeds per method: the interval rule (raw, t(n-1) for all) gives the whole interval the t-quantile of " \
-           "one degree of freedom, 12.7 (3 seeds: 4.3)" in caplog.text
+    assert "2 seeds per method: the interval rule (raw, separate quantiles) gives the seeds' part of each interval " \
+           "the t-quantile of one degree of freedom, 12.7 (3 seeds: 4.3)" in caplog.text
     assert {p["seeds"][1] for p in report["paired"] if p["method"] == "skip" and p["reference"] == "base"} == {2}
     text = (tmp_path / "cmp" / "report.md").read_text()
     assert "## Learning rates" in text

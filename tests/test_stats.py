@@ -19,6 +19,7 @@ from preproj.analysis.stats import (
     paired_difference,
     paired_t,
     perplexity,
+    ratio_of_sums,
     t_interval,
     two_seeds_note,
 )
@@ -233,17 +234,43 @@ def test_a_p_value_is_never_written_on_the_other_side_of_alpha(p, text):
     assert p_text(p) == text
 
 
-def test_two_seeds_widen_the_chosen_rules_interval_past_one_seeds_and_compare_is_told_so():
-    """Under the chosen rule an arm whose second seed repeats its first item for item (no seed variance at all)
-    still gets t(1)'s quantile for the whole interval, 12.7 / 1.96 times one seed's; three such seeds 4.3 / 1.96.
-    two_seeds_note says so for two seeds only, under the rules that give the seeds a t(n-1) quantile."""
+def test_two_seeds_widen_an_interval_by_their_quantile_only_where_they_vary_under_the_chosen_rule():
+    """An arm whose second seed repeats its first item for item (no seed variance at all): 'raw, t(n-1) for all' still
+    gives the whole interval t(1)'s quantile, 12.7 / 1.96 times one seed's (three such seeds 4.3 / 1.96); the chosen
+    rule gives t(1) to the seeds' part only, which is zero here, so the interval is one seed's. two_seeds_note says
+    what two seeds cost under the rules that give the seeds a t(n-1) quantile."""
     rng = np.random.default_rng(3)
     base = (rng.random((1, 2000)) < 0.4).astype(float)
     arm = (rng.random((1, 2000)) < 0.42).astype(float)
-    half = {k: (lambda p: (p.high - p.low) / 2)(paired_difference(base, np.repeat(arm, k, axis=0), accuracy))
-            for k in (1, 2, 3)}
-    assert half[2] / half[1] == pytest.approx(12.706 / 1.960, rel=1e-3)
-    assert half[3] / half[1] == pytest.approx(4.303 / 1.960, rel=1e-3)
+
+    def half(k: int, rule: str) -> float:
+        p = paired_difference(base, np.repeat(arm, k, axis=0), accuracy, rule=rule)
+        return (p.high - p.low) / 2
+
+    old = "raw, t(n-1) for all"
+    assert half(2, old) / half(1, old) == pytest.approx(12.706 / 1.960, rel=1e-3)
+    assert half(3, old) / half(1, old) == pytest.approx(4.303 / 1.960, rel=1e-3)
+    assert RULE == "raw, separate quantiles" and half(2, RULE) == pytest.approx(half(1, RULE), rel=1e-9)
     assert "one degree of freedom, 12.7 (3 seeds: 4.3)" in two_seeds_note(2)
     assert two_seeds_note(1) is None and two_seeds_note(3) is None and two_seeds_note(2, "raw, n-1 df") is None
-    assert "the seeds' part of each interval" in two_seeds_note(2, "raw, separate quantiles")
+    assert "the seeds' part of each interval" in two_seeds_note(2) and "the whole interval" in two_seeds_note(2, old)
+
+
+def test_a_ratio_over_documents_takes_the_jackknife_variance_and_the_documents_effective_number():
+    """Influence values of a ratio of sums are the jackknife's: var(u)/n is the jackknife variance computed leave one
+    out; its items' degrees of freedom are Kish's effective number of documents less one."""
+    from preproj.analysis.stats import _parts
+
+    rng = np.random.default_rng(4)
+    counts = rng.lognormal(6, 1.0, 40)
+    docs = np.stack([np.stack([(3 + rng.normal(0, 0.3, 40)) * counts, counts], axis=-1)])  # (1 seed, 40 docs, 2)
+    theta = docs[0, :, 0].sum() / docs[0, :, 1].sum()
+    loo = np.array([np.delete(docs[0, :, 0], i).sum() / np.delete(docs[0, :, 1], i).sum() for i in range(40)])
+    jackknife = 39 / 40 * ((loo - loo.mean()) ** 2).sum()
+    u = ratio_of_sums.influence(docs)[0]
+    assert u.var(ddof=1) / 40 == pytest.approx(jackknife, rel=1e-9)
+    assert perplexity.influence(docs)[0] == pytest.approx(39 * (np.exp(theta) - np.exp(loo)), rel=1e-9)
+    kish = counts.sum() ** 2 / (counts ** 2).sum()
+    assert 10 < kish < 30  # long documents dominate: far fewer than 40 documents' worth
+    assert _parts(docs, docs * [1.01, 1.0], ratio_of_sums, False).items_df == pytest.approx(kish - 1)
+    assert _parts(np.ones((1, 40)), np.zeros((1, 40)), accuracy, False).items_df == 39

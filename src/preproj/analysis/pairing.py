@@ -246,11 +246,11 @@ def item_files(spec: str) -> dict[str, list[Path]]:
     path, _, method = spec.partition(":")
     if not method:
         paths = [Path(x) for x in path.split(",") if x]
-        missing = [str(x) for x in paths if not x.exists()]
+        missing = [str(x) for x in paths if not (x.exists() or kept(x))]
         if missing:
             raise ValueError(f"{', '.join(missing)}: no such file (give items files of preproj eval --items, or "
                              "DIR:METHOD of a compare run).")
-        if not paths or not all(x.is_file() for x in paths):
+        if not paths or not all(kept(x) for x in paths):
             raise ValueError(f"{spec!r}: not items files (preproj eval --items), nor DIR:METHOD of a compare run.")
         files: dict[str, list[Path]] = {}
         for x in paths:

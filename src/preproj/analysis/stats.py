@@ -28,44 +28,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .statistics import STATISTICS, Statistic, accuracy, perplexity, ratio_of_sums  # noqa: F401 (re-exported)
+
 MDE_Z = 1.959964 + 0.841621  # two-sided 5% test at 80% power
-
-
-class Statistic:
-    """A metric computed from per-item values, with its influence values: u such that the metric of resampled items
-    moves, to first order, by the mean of their u. var(u) / items is then the variance an infinite paired bootstrap
-    over items would give, in closed form (the delta method), which makes intervals exact to compute and fast
-    enough to map their coverage by simulation (results/coverage.md)."""
-
-    def __init__(self, name: str, value: Callable[[np.ndarray], np.ndarray],
-                 influence: Callable[[np.ndarray], np.ndarray]):
-        self.name, self.value, self.influence = name, value, influence
-
-    def __call__(self, values: np.ndarray) -> np.ndarray:
-        return self.value(values)
-
-    def __repr__(self) -> str:
-        return f"Statistic({self.name})"
-
-
-def _ratio(values: np.ndarray) -> np.ndarray:
-    return values[..., 0].sum(axis=-1) / values[..., 1].sum(axis=-1)
-
-
-def _ratio_influence(values: np.ndarray) -> np.ndarray:
-    r = _ratio(values)[..., None]
-    return (values[..., 0] - r * values[..., 1]) / values[..., 1].mean(axis=-1, keepdims=True)
-
-
-accuracy = Statistic("mean", lambda v: v.mean(axis=-1), lambda v: v - v.mean(axis=-1, keepdims=True))
-"""values (..., items) of 0/1 -> the mean over items."""
-ratio_of_sums = Statistic("ratio of sums", _ratio, _ratio_influence)
-"""values (..., items, 2) of (numerator, denominator) -> sum of numerators / sum of denominators."""
-perplexity = Statistic("exp of a ratio of sums", lambda v: np.exp(_ratio(v)),
-                       lambda v: np.exp(_ratio(v))[..., None] * _ratio_influence(v))
-"""values (..., items, 2) of (nll, count) -> exp(total nll / total count)."""
-STATISTICS = {"accuracy": accuracy, "ratio_of_sums": ratio_of_sums, "perplexity": perplexity}
-"""The statistics a task's metric can name (evaluation.tasks.Metric.statistic)."""
 
 
 @dataclass
@@ -163,11 +128,12 @@ def _seed_variance(per_seed: np.ndarray, boot: np.ndarray) -> float:
 #   t(n-1) for all: the whole interval takes the seeds' t-quantile, as if the seeds carried all of the variance.
 #   separate quantiles: the items' part takes its own t-quantile and each seed part its own t(n-1), added in
 #             quadrature, so an underestimated seed variance cannot buy the items' degrees of freedom.
-# The items' variance is estimated from the items themselves, with items - 1 degrees of freedom (62 WikiText documents:
-# t 2.00 where the normal quantile is 1.96, which covered 93.8% instead of 95% in the map).
+# The items' variance is estimated from the items themselves (analysis/statistics.py), with items - 1 degrees of
+# freedom, or for documents of unequal length their effective number - 1 (the normal quantile where t is due covered
+# 93.8% instead of 95% on 62 WikiText documents in the map).
 RULES = ("subtract, n-1 df", "subtract, Satterthwaite df", "raw, n-1 df", "raw, t(n-1) for all",
          "raw, separate quantiles", "subtract, separate quantiles")
-RULE = "raw, t(n-1) for all"
+RULE = "raw, separate quantiles"
 
 
 @dataclass
@@ -195,7 +161,8 @@ def _parts(a: np.ndarray, b: np.ndarray, statistic: Statistic, seed_paired: bool
         residual = influence - influence.mean(axis=0, keepdims=True)
         interaction = float((residual ** 2).sum() / ((n - 1) * (n_items - 1)) / n_items) if n_items > 1 else 0.0
         seeds.append((float(per_seed.var(ddof=1)), interaction, n, n_items))
-    return _Parts(float(theta_b.mean() - theta_a.mean()), items, max(1.0, n_items - 1.0), seeds)
+    return _Parts(float(theta_b.mean() - theta_a.mean()), items, max(1.0, statistic.effective_items(a) - 1.0),
+                  seeds)
 
 
 def _seed_part(between: float, interaction: float, n: int, items: int, rule: str) -> tuple[float, float]:
