@@ -251,3 +251,26 @@ def test_a_study_that_fixes_its_kernels_runs_only_with_them(tmp_path, monkeypatc
         check_kernels(load_study(path))
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     check_kernels(load_study(path))
+
+
+def test_a_scaling_study_takes_preproj_scalings_keys_and_reproduces_a_committed_report(tmp_path, capsys):
+    """runner = "scaling": the keys are ScalingArgs' (lists allowed), a declared one is refused (its runs do not
+    record the file yet), and a report-only pass over a copy of results/variants-cpu rewrites its report byte for
+    byte."""
+    import shutil
+
+    from preproj.experiments.scaling import ScalingArgs
+
+    study = load_study(_write(tmp_path / "s.toml", "runner = 'scaling'\nvariants = ['preproj+skip', 'gate']\n"
+                                                    "sizes = '2x64'\nseeds = 2\n"))
+    assert isinstance(study.args, ScalingArgs) and study.args.variants == "preproj+skip,gate" and study.preset is None
+    with pytest.raises(StudyFileError, match="unknown key.*steps"):
+        load_study(_write(tmp_path / "s.toml", "runner = 'scaling'\nsteps = 3\n"))
+    with pytest.raises(StudyFileError, match="a declared scaling study is not offered yet"):
+        load_study(_write(tmp_path / "s.toml", "runner = 'scaling'\ndeclared = true\n"))
+    copy = tmp_path / "variants-cpu"
+    shutil.copytree(ROOT / "results" / "variants-cpu", copy)
+    text = (ROOT / "studies" / "variants-cpu.toml").read_text().replace('"results/variants-cpu"', f'"{copy}"')
+    assert main(["study", "report", str(_write(tmp_path / "v.toml", text))]) == 0
+    assert (copy / "report.md").read_text() == (ROOT / "results" / "variants-cpu" / "report.md").read_text()
+    assert "13 comparison(s)" in capsys.readouterr().out

@@ -392,7 +392,12 @@ def _study(ns: argparse.Namespace) -> int:
                        compile=ns.compile)
     if not r.is_main:
         return 0
-    out = Path(report["args"]["out"])
+    out = Path(report["out"])
+    if "methods" not in report:  # a scaling study: variants from scratch
+        print((out / "report.md").read_text())
+        print(f"summary: study {ns.file}: {len(report['sizes'])} size(s), {len(report['comparisons'])} comparison(s); "
+              f"the report is {out / 'report.md'}, results.json and the plots are beside it")
+        return 0
     print(_report_summary((out / "report.md").read_text()))
     for problem in report["older_than_plan"]:
         print(f"warning: not made under this study file as committed: {problem}", file=sys.stderr)

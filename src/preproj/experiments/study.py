@@ -25,13 +25,16 @@ from pathlib import Path
 from ..runtime.files import write_json
 from ..training import TrainArgs
 from .compare_args import PRESETS, CompareArgs
+from .scaling import ScalingArgs
 
 STUDY_KEYS = {"name": "a short name, used in messages", "about": "what the study asks, one paragraph",
               "declared": "true: the plan was committed before any run; runs refuse to start from a file that is not "
                           "committed unchanged",
               "cpu_capability": "torch's CPU kernels the runs were made with (avx2, avx512, ...): on a CPU the "
                                 "study runs only with them, so that a run resumed or retrained elsewhere gives the "
-                                "same bits"}
+                                "same bits",
+              "runner": "compare (methods on a pretrained model, the default) or scaling (variants trained from "
+                        "scratch: the keys are then `preproj scaling`'s)"}
 TABLES = ("train", "eval", "sweep", "plan")
 EVAL_KEYS = ("protocol", "limits", "max_length", "extra_tasks")
 SWEEP_KEYS = {"rates": list, "steps": int, "seeds": int, "common": list}
@@ -50,8 +53,9 @@ class Study:
     about: str
     declared: bool
     cpu_capability: str | None
-    args: CompareArgs
-    preset: dict
+    args: CompareArgs | ScalingArgs
+    preset: dict | None
+    """compare's budget, evaluation, sweep and seeds (None for a scaling study)."""
     plan: dict | None
     sha256: str
 
@@ -71,6 +75,11 @@ def load_study(path: str | Path, **overrides) -> Study:
         raise StudyFileError(f"cannot read the study file {path}: {e.strerror or e}.") from None
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise StudyFileError(f"{path} is not valid TOML: {e}.") from None
+    runner = spec.get("runner", "compare")
+    if runner == "scaling":
+        return _scaling_study(path, raw, spec, overrides)
+    if runner != "compare":
+        raise StudyFileError(f"{path}: runner must be compare or scaling, got {runner!r}.")
     fields = {f.name: f for f in dataclasses.fields(CompareArgs)}
     allowed = set(STUDY_KEYS) | set(TABLES) | (set(fields) - set(NOT_IN_FILE))
     unknown = sorted(set(spec) - allowed)
@@ -117,6 +126,30 @@ def load_study(path: str | Path, **overrides) -> Study:
         raise StudyFileError(f"{path}: plan must be a table ([plan]), got {plan!r}.")
     return Study(path, str(spec.get("name", path.stem)), str(spec.get("about", "")), bool(spec.get("declared", False)),
                  spec.get("cpu_capability"), args, preset, plan, hashlib.sha256(raw).hexdigest())
+
+
+def _scaling_study(path: Path, raw: bytes, spec: dict, overrides: dict) -> Study:
+    """A study of variants trained from scratch: its keys are ScalingArgs' fields, its plan OUT/analysis_plan.json."""
+    fields = {f.name for f in dataclasses.fields(ScalingArgs)} - {"report_only"}
+    allowed = set(STUDY_KEYS) | {"plan"} | fields
+    unknown = sorted(set(spec) - allowed)
+    if unknown:
+        raise StudyFileError(f"{path}: unknown key(s) {', '.join(unknown)}; a scaling study takes "
+                             f"{', '.join(sorted(allowed))} (docs/guide/studies.md).")
+    if spec.get("declared"):
+        raise StudyFileError(f"{path}: a declared scaling study is not offered yet (its runs do not record the study "
+                             "file); declare its plan in OUT/analysis_plan.json and set declared = false.")
+    values = {k: v for k, v in spec.items() if k in fields}
+    for key in ("sizes", "variants", "lrs"):
+        if isinstance(values.get(key), list):
+            values[key] = ",".join(str(x) for x in values[key])
+    values.update({k: v for k, v in overrides.items() if v is not None and k in fields})
+    try:
+        args = ScalingArgs(**values)
+    except TypeError as e:
+        raise StudyFileError(f"{path}: {e}.") from None
+    return Study(path, str(spec.get("name", path.stem)), str(spec.get("about", "")), False,
+                 spec.get("cpu_capability"), args, None, spec.get("plan"), hashlib.sha256(raw).hexdigest())
 
 
 def _train_keys() -> tuple[str, ...]:
@@ -226,6 +259,11 @@ def run_study(path: str | Path, *, report_only: bool = False, progress: bool = T
         check_kernels(study)
         write_plan(study)
     args = dataclasses.replace(study.args, report_only=report_only)
+    if isinstance(args, ScalingArgs):
+        from .scaling import run_scaling
+
+        return {**run_scaling(args, progress), "older_than_plan": [], "out": args.out}
     report = run_compare(args, progress, preset=study.preset, study=study.record())
     report["older_than_plan"] = runs_older_than_plan(study) if study.declared else []
+    report["out"] = args.out  # where this pass wrote (results.json's args say where the runs were made)
     return report
