@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The bf16 question (PAPER.md §5), paired and seeded: preproj+skip at the paper's lr 1e-5 in pure bf16
+# The bf16 question (docs/method.md: what the paper leaves open), paired and seeded: preproj+skip at the paper's lr 1e-5 in pure bf16
 # (bf16-true) against the same with fp32 master weights (bf16-frozen), three seeds each, scored by the
 # paper's own perplexity (`--protocol paper`: the author's rows of raw WikiText-2 valid, in the format of the
 # tokenized training text), paired over rows and seeds. Not the harness's detokenized test text: there the
