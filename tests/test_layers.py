@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "preproj"
 LAYERS = {
     "runtime": 0,
     "core": 1, "data": 1,
-    "methods": 2, "peft": 2, "standalone": 2, "images": 2,
+    "methods": 2, "peft": 2, "standalone": 2, "images": 2, "vision": 2,
     "training": 3, "evaluation": 3,
     "analysis": 4,
     "experiments": 5,

@@ -57,6 +57,9 @@ FAMILIES = (
            decision="OLMo-2 has no attention-input norm (it norms after attention), so x̂ is the residual stream "
                     "that attention reads, and the skip is added after the attention-output norm, as for Gemma-2."),
     # GPT-J is a parallel block (attention and MLP both read ln_1), where the skip on attention's output is exact.
+    # The vision classifier (preproj.vision): transformers' Pixtral encoder, pre-norm, 2-D RoPE inside attention.
+    Family("pixtral", ("pixtral",), "encoder.transformer.layers", "attention", "attention_norm",
+           r".*\.attention\.(base_layer\.)?(q_proj|k_proj|v_proj|o_proj)"),
     Family("gptj", ("gptj",), "transformer.h", "attn", "ln_1",
            r".*\.attn\.(base_layer\.)?(q_proj|k_proj|v_proj|out_proj)", output_proj="out_proj"),
     Family("opt", ("opt",), "model.decoder.layers", "self_attn", "self_attn_layer_norm",
@@ -152,9 +155,11 @@ def check_structure(model: nn.Module, family: Family) -> None:
     else:
         hooks.append(layer.register_forward_pre_hook(record("expected"), with_kwargs=True))
     try:
-        ids = (torch.arange(4, device=params[0].device) % model.config.vocab_size)[None]
         with torch.no_grad():
-            model(input_ids=ids)
+            if hasattr(model, "example_input"):  # a model that does not read token ids (the vision classifier)
+                model(**model.example_input())
+            else:
+                model(input_ids=(torch.arange(4, device=params[0].device) % model.config.vocab_size)[None])
     finally:
         for h in hooks:
             h.remove()

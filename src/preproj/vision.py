@@ -1,0 +1,106 @@
+"""A small vision transformer to train from scratch with the modules built in (the first part of the vision side).
+
+Built from transformers' Pixtral vision encoder, which already is what the method needs: a patch embedding, pre-norm
+blocks whose attention reads the block's own RMSNorm, bidirectional attention, and position entering only inside
+attention, as 2-D axial RoPE over (row, column) applied to Q and K after their projections. The modules therefore
+sit where they sit in text (the family table's `pixtral` row): the pre-projection on the attention-input norm's
+output, before Q, K and V and before RoPE; the content skip beside the attention branch. A mean over the patches and
+a linear head classify.
+
+Because position enters only through RoPE and the pooling is a mean, the model is invariant to a permutation of its
+patches that carries their positions along (`forward(..., order=, keep_positions=False)`); permuting the patches but
+keeping the positions in place (`keep_positions=True`) is the position-shuffle probe: what accuracy is left is
+carried by content that does not depend on where it is.
+
+Not yet here: video (3-D RoPE over time, row and column, tubelet patches), a learned absolute position embedding,
+training through `preproj pretrain --task`, export.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+@dataclass(frozen=True)
+class VisionShape:
+    """The classifier's shape: images of `image_size` square with `channels` channels, cut into `patch_size`
+    patches."""
+
+    image_size: int = 28
+    patch_size: int = 4
+    channels: int = 1
+    layers: int = 4
+    d_model: int = 128
+    heads: int = 4
+    intermediate: int | None = None
+    """MLP width (default 8/3 d rounded up to a multiple of 16, as text's from-scratch models)."""
+    classes: int = 10
+
+    def __post_init__(self):
+        for name in ("image_size", "patch_size", "channels", "layers", "d_model", "heads", "classes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        if self.image_size % self.patch_size:
+            raise ValueError(f"patches of {self.patch_size} pixels do not tile a {self.image_size}-pixel image: "
+                             f"choose a patch size that divides {self.image_size}.")
+        if self.d_model % self.heads or (self.d_model // self.heads) % 4:
+            raise ValueError(f"d_model {self.d_model} must split into {self.heads} heads of a size divisible by 4 "
+                             "(2-D RoPE gives each axis half of every head's rotated pairs).")
+
+    @property
+    def grid(self) -> int:
+        return self.image_size // self.patch_size
+
+    def config(self):
+        from transformers import PixtralVisionConfig
+
+        width = self.intermediate or -(-(8 * self.d_model // 3) // 16) * 16
+        return PixtralVisionConfig(hidden_size=self.d_model, intermediate_size=width, num_hidden_layers=self.layers,
+                                   num_attention_heads=self.heads, head_dim=self.d_model // self.heads,
+                                   num_channels=self.channels, image_size=self.image_size,
+                                   patch_size=self.patch_size)
+
+
+class ImageClassifier(nn.Module):
+    """Patches -> Pixtral's pre-norm blocks with 2-D RoPE -> mean over patches -> RMSNorm -> linear head."""
+
+    def __init__(self, shape: VisionShape):
+        super().__init__()
+        from transformers import PixtralVisionModel
+
+        self.shape = shape
+        self.encoder = PixtralVisionModel(shape.config())
+        self.config = self.encoder.config  # model_type "pixtral": the family table's row
+        self.norm = nn.RMSNorm(shape.d_model, eps=self.config.rms_norm_eps if hasattr(self.config, "rms_norm_eps")
+                               else 1e-5)
+        self.head = nn.Linear(shape.d_model, shape.classes)
+
+    def example_input(self) -> dict:
+        """One blank image: what the family table's structural check runs the model on."""
+        s, p = self.shape, next(self.parameters())
+        return {"pixel_values": torch.zeros(1, s.channels, s.image_size, s.image_size, device=p.device, dtype=p.dtype)}
+
+    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None, *,
+                order: torch.Tensor | None = None, keep_positions: bool = False) -> torch.Tensor:
+        """Logits (B, classes), or the mean cross-entropy when `labels` are given. `order`: a permutation of the
+        patches (row-major); their RoPE positions move with them, or with keep_positions stay where they were."""
+        s, encoder = self.shape, self.encoder
+        if pixel_values.ndim != 4 or pixel_values.shape[1:] != (s.channels, s.image_size, s.image_size):
+            raise ValueError(f"images must be (batch, {s.channels}, {s.image_size}, {s.image_size}), got "
+                             f"{tuple(pixel_values.shape)}.")
+        patches = encoder.patch_conv(pixel_values.to(encoder.patch_conv.weight.dtype))  # (B, d, grid, grid)
+        x = encoder.ln_pre(patches.flatten(2).transpose(1, 2))  # (B, grid², d), row-major
+        rows, cols = torch.meshgrid(torch.arange(s.grid), torch.arange(s.grid), indexing="ij")
+        positions = torch.stack([rows.flatten(), cols.flatten()], dim=-1).to(x.device)  # (grid², 2): (row, column)
+        if order is not None:
+            x = x[:, order]
+            positions = positions if keep_positions else positions[order]
+        cos, sin = encoder.patch_positional_embedding(x, positions)
+        hidden = encoder.transformer(x, attention_mask=None, position_embeddings=(cos, sin)).last_hidden_state
+        logits = self.head(self.norm(hidden.mean(dim=1)))
+        return logits if labels is None else F.cross_entropy(logits.float(), labels)
