@@ -210,7 +210,7 @@ def test_the_results_manifest_lists_every_committed_result_file_with_its_hash():
     changed = [name for name in listed if listed[name] != on_disk[name]]
     assert not changed, f"results files differ from MANIFEST.json: {changed[:5]}"
     assert not [name for name in listed if name.endswith(".jsonl")], "per-item files are committed packed (.xz)"
-    assert sum(e["bytes"] for e in listed.values()) < pack.BUDGET_BYTES, "results/ grew past its budget"
+    assert sum(e["bytes"] for e in listed.values()) < pack.BUDGET_BYTES, "a clone's results/ stays under 15 MB"
 
 
 def test_the_study_regimes_fit_recovers_the_variance_components_simulate_uses():
@@ -242,3 +242,24 @@ def test_recompute_agrees_on_equivalence_tests_and_their_verdicts(tmp_path, caps
     (tmp_path / "results.json").write_text(json.dumps(report))
     assert recompute.main([str(tmp_path)]) == 1
     assert "equivalence p" in capsys.readouterr().out
+
+
+def test_a_result_drops_its_repeated_log_only_where_train_log_holds_the_same_and_compare_reads_it_back(tmp_path):
+    from preproj.experiments.reuse import finished_run
+
+    pack = _load("pack_results")
+    log = [{"step": 0, "heldout_loss": 3.0}, {"step": 1, "loss": 2.9}]
+    run = tmp_path / "skip-seed42"
+    run.mkdir()
+    (run / "train_log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in log))
+    (run / "result.json").write_text(json.dumps({"method": "skip", "seed": 42, "lr": None, "tasks": {}, "log": log}))
+    other = tmp_path / "lora-seed42"
+    other.mkdir()
+    (other / "train_log.jsonl").write_text(json.dumps(log[0]) + "\n")  # differs: the result keeps its own copy
+    (other / "result.json").write_text(json.dumps({"method": "lora", "seed": 42, "lr": None, "tasks": {}, "log": log}))
+    assert pack.drop_repeated_log(run / "result.json") and not pack.drop_repeated_log(other / "result.json")
+    assert "log" not in json.loads((run / "result.json").read_text())
+    assert json.loads((other / "result.json").read_text())["log"] == log
+    pack.pack(run / "train_log.jsonl")
+    found = finished_run(run, "skip", 42, None, swept=False, recorded_as=None, model="m", scored_as={})
+    assert found["log"] == log

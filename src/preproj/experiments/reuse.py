@@ -8,6 +8,7 @@ import logging
 import math
 from pathlib import Path
 
+from ..runtime.files import kept, read_text
 from ..training import TrainArgs
 from ..training.args import changed_arguments
 
@@ -35,6 +36,9 @@ def finished_run(run_dir: Path, arm: str, seed: int, lr: float | None, *, swept:
         raise ValueError(f"{run_dir} finished with other arguments than this comparison's ({'; '.join(changed)}), "
                          "and would be reported under the new ones: rerun with the recorded ones (its "
                          "train_config.json and eval.TASK.json), or give another --out.")
+    if "log" not in run:  # a committed result keeps its log in train_log.jsonl only (scripts/pack_results.py)
+        log = run_dir / "train_log.jsonl"
+        run["log"] = [json.loads(line) for line in read_text(log).splitlines()] if kept(log) else []
     run["method"], run["run_dir"] = arm, run_dir.name  # where it is now: a run may be moved to keep it as an arm
     logger.info(f"[compare] {arm} seed {seed}: already done, reusing {run_dir / 'result.json'}")
     return run

@@ -7,7 +7,7 @@ import math
 import statistics
 from pathlib import Path
 
-from ..runtime.files import atomic_write
+from ..analysis.plots import save_figure
 from ..training.probes import uniform_first_token_attention
 
 
@@ -149,7 +149,7 @@ def plots(out: Path, results: dict) -> None:
             ax.set_yscale("log")
             ax.legend()
         fig.tight_layout()
-        atomic_write(out / f"{name}.png", lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+        save_figure(fig, out / f"{name}.png", dpi=110)
         plt.close(fig)
     _by_layer(plt, out / "skip_norms.png", sizes, "skip_norms", "||W_skip||_F, mean over seeds")
     if _has_sink(results):
@@ -174,5 +174,5 @@ def _by_layer(plt, path: Path, sizes: list, field: str, ylabel: str, even: float
         ax.set_ylabel(ylabel)
         ax.legend()
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
