@@ -13,10 +13,11 @@ import math
 import shutil
 import time
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ..analysis.pairing import analysis_plan, column_names, paired_comparisons
 from ..analysis.paper import (
@@ -39,8 +40,8 @@ from ..runtime import distributed as ddist
 from ..runtime.files import atomic_write, read_text, write_json
 from ..runtime.files import kept as is_kept
 from ..runtime.loading import load_model
+from ..runtime.precision import Precision, resolve_device
 from ..runtime.precision import precision as as_precision
-from ..runtime.precision import resolve_device
 from ..runtime.provenance import describe, provenance
 from ..runtime.validation import check_args
 from ..training import TrainArgs, train
@@ -102,6 +103,23 @@ def run_compare(args: CompareArgs, progress: bool = True, *, preset: dict | None
         return _compare(args, methods, preset, precision, eval_precision, device, r, progress, lr_sweep, study)
 
 
+@dataclass(frozen=True)
+class _Pass:
+    """What every run of one compare pass shares: its arguments, the training budget, how each task is scored,
+    the precisions, where it runs and the study file it belongs to."""
+
+    args: CompareArgs
+    train_args: dict
+    eval_cfg: dict
+    limits: dict
+    precision: Precision
+    eval_precision: Precision
+    device: torch.device
+    ranks: ddist.Ranks
+    progress: bool
+    study: dict | None
+
+
 def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eval_precision, device, r, progress: bool,
              lr_sweep: str | None, study: dict | None) -> dict:
     out = Path(args.out)
@@ -110,6 +128,7 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
     start = time.monotonic()
     seeds = args.seeds or preset.get("seeds", 1)
     train_args = {**preset["train"], **{k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v}}
+    this = _Pass(args, train_args, eval_cfg, limits, precision, eval_precision, device, r, progress, study)
     sweep = _learning_rates(args, methods, preset, train_args, lr_sweep, precision, device, progress)
     if any(lr == COMMON for _, lr in map(arm_method_lr, methods)) and not (sweep and "common" in sweep):
         raise ValueError("METHOD@common needs a learning-rate sweep and the methods whose average picks the common "
@@ -130,21 +149,18 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
         run_dir = out / f"{arm}-seed{seed}"
         if (run_dir / "result.json").is_file():  # resumable: a finished (arm, seed) is not redone
             run = finished_run(run_dir, arm, seed, lr, swept=bool(sweep) and fixed_lr in (None, COMMON),
-                                recorded_as=_run_train_args(args, method, seed, lr, run_dir, train_args, precision,
-                                                            device, resolved=True),
+                                recorded_as=_run_train_args(this, method, seed, lr, run_dir, resolved=True),
                                 model=args.model,
                                 scored_as={t: eval_setting(t, eval_cfg, limits, eval_precision) for t in all_tasks})
             missing = [t for t in all_tasks if t not in run["tasks"]]
             if args.fill_missing and missing and not args.report_only:
-                run = _fill_missing(args, run, method, run_dir, missing, eval_cfg, limits, precision, eval_precision,
-                                    device, r, progress)
+                run = _fill_missing(this, run, method, run_dir, missing)
             runs.append(run)
             reused += 1
         elif args.report_only:
             pending.append(run_dir.name)
         else:
-            runs.append(_run_arm(args, arm, method, seed, lr, run_dir, train_args, eval_cfg, limits, precision,
-                                 eval_precision, device, r, progress, study))
+            runs.append(_run_arm(this, arm, method, seed, lr, run_dir))
         if runs and runs[-1]["run_dir"] == run_dir.name:
             trained[method, lr, seed] = runs[-1]
 
@@ -196,32 +212,31 @@ def _learning_rates(args: CompareArgs, methods: list[str], preset: dict, train_a
     return {**sweep, "common": common_rate(sweep, common_of)} if sweep and common_of else sweep
 
 
-def _run_train_args(args: CompareArgs, method: str, seed: int, lr: float | None, run_dir: Path, train_args: dict,
-                    precision, device, resolved: bool = False) -> TrainArgs | None:
+def _run_train_args(this: _Pass, method: str, seed: int, lr: float | None, run_dir: Path,
+                    resolved: bool = False) -> TrainArgs | None:
     """The TrainArgs an arm trains with (None for the base); `resolved`: as train() records them."""
     if method == "base":
         return None
+    args = this.args
     targs = TrainArgs(model=args.model, method=method, out=str(run_dir), seed=seed, data_dir=args.data_dir,
-                      resume=True, precision=precision.name, device=str(device), strategy=args.strategy,
-                      report_to=args.report_to, compile=args.compile, **{**train_args, "lr": lr})
-    return resolved_args(targs, device) if resolved else targs
+                      resume=True, precision=this.precision.name, device=str(this.device), strategy=args.strategy,
+                      report_to=args.report_to, compile=args.compile, **{**this.train_args, "lr": lr})
+    return resolved_args(targs, this.device) if resolved else targs
 
 
-def _run_arm(args: CompareArgs, arm: str, method: str, seed: int, lr: float | None, run_dir: Path, train_args: dict,
-             eval_cfg: dict, limits: dict, precision, eval_precision, device, r, progress: bool,
-             study: dict | None) -> dict:
+def _run_arm(this: _Pass, arm: str, method: str, seed: int, lr: float | None, run_dir: Path) -> dict:
     """Train one (arm, seed) (the base trains nothing), evaluate it task by task, and write its result.json."""
     logger.info(f"[compare] {arm} seed {seed} ...")
-    model, tokenizer = load_model(args.model, dtype=precision.weights, device=device)
+    model, tokenizer = load_model(this.args.model, dtype=this.precision.weights, device=this.device)
     summary = None
-    targs = _run_train_args(args, method, seed, lr, run_dir, train_args, precision, device)
+    targs = _run_train_args(this, method, seed, lr, run_dir)
     if targs is not None:
-        summary, model = train(targs, model, tokenizer, progress=progress)
+        summary, model = train(targs, model, tokenizer, progress=this.progress)
     weights = trained_weights_digest(model)
     model = merged_for_evaluation(model)  # a LoRA scores at the base's cost; the digest is of what was trained
-    tasks, task_seconds = _evaluate_arm(args, model, tokenizer, run_dir, weights, eval_cfg, limits, eval_precision, r,
-                                        progress)
-    result = {"method": arm, "seed": seed, "model": args.model, "tasks": tasks, "run_dir": run_dir.name,
+    tasks, task_seconds = _evaluate_arm(this, model, tokenizer, run_dir, weights)
+    study = this.study
+    result = {"method": arm, "seed": seed, "model": this.args.model, "tasks": tasks, "run_dir": run_dir.name,
               "lr": lr if summary else None,
               "trainable_params": summary["trainable_params"] if summary else 0,
               "train_tokens": summary["tokens_seen"] if summary else 0,
@@ -231,44 +246,44 @@ def _run_arm(args: CompareArgs, arm: str, method: str, seed: int, lr: float | No
               "skip_norms": summary["skip_norms"] if summary else None,
               "log": _read_log(run_dir) if summary else [],
               "provenance": {**provenance(), **({"study": study} if study else {})}}
-    if r.is_main:
+    if this.ranks.is_main:
         write_json(run_dir / "result.json", result)
     logger.info(f"[compare] {arm} seed {seed}: " + ", ".join(
-        f"{t} {m.name}={tasks[t][m.name]:.4g}" for t, m in columns(eval_cfg["protocol"])))
+        f"{t} {m.name}={tasks[t][m.name]:.4g}" for t, m in columns(this.eval_cfg["protocol"])))
     return result
 
 
-def _fill_missing(args: CompareArgs, run: dict, method: str, run_dir: Path, missing: list[str], eval_cfg: dict,
-                  limits: dict, precision, eval_precision, device, r, progress: bool) -> dict:
+def _fill_missing(this: _Pass, run: dict, method: str, run_dir: Path, missing: list[str]) -> dict:
     """A finished run's tasks added since it ran (its weights are not kept): scored on the run retrained from its
     recorded arguments only if that gives the scored weights bit for bit; else the run is left as it was and says
     why. The base retrains nothing."""
     logger.info(f"[compare] {run_dir.name}: scoring {', '.join(missing)}" + ("" if method == "base" else
                 " on its weights trained again, checked step by step against its train_log.jsonl"))
     try:
-        model, tokenizer, weights = retrained(args.model, method, run_dir, precision, device, progress)
+        model, tokenizer, weights = retrained(this.args.model, method, run_dir, this.precision, this.device,
+                                              this.progress)
     except NotTheScoredWeights as why:
         logger.warning(f"[compare] {run_dir.name}: {', '.join(missing)} not scored: {why} (the other tasks stand).")
         return {**run, "unfilled": {"tasks": missing, "why": str(why)}}
-    scored = _evaluate_arm(args, merged_for_evaluation(model), tokenizer, run_dir, weights, eval_cfg, limits,
-                           eval_precision, r, progress, only=missing)[0]
+    scored = _evaluate_arm(this, merged_for_evaluation(model), tokenizer, run_dir, weights, only=missing)[0]
     run = {**run, "tasks": {**run["tasks"], **scored}}
-    if r.is_main:
+    if this.ranks.is_main:
         write_json(run_dir / "result.json", run)
         shutil.rmtree(retrain_dir(run_dir), ignore_errors=True)
     return run
 
 
-def _evaluate_arm(args: CompareArgs, model, tokenizer, run_dir: Path, weights: str, eval_cfg: dict, limits: dict,
-                  eval_precision, r, progress: bool, only: list[str] | None = None) -> tuple[dict, dict]:
+def _evaluate_arm(this: _Pass, model, tokenizer, run_dir: Path, weights: str,
+                  only: list[str] | None = None) -> tuple[dict, dict]:
     """Every task's metrics and seconds. Each finished task is kept, and each scored batch of the task in progress
     (`.eval.TASK.journal`), so an evaluation stopped part-way resumes at the batch it was in, if the weights are the
     very ones it scored (a run retrained elsewhere may differ in the last bit). A resumed task's seconds are those
     of its last process."""
+    args, eval_cfg, progress = this.args, this.eval_cfg, this.progress
     tasks, task_seconds = {}, {}
     for task in only or (*default_tasks(), *eval_cfg.get("extra_tasks", ())):
         done_task, items = run_dir / f"eval.{task}.json", run_dir / f"items.{task}.jsonl"
-        setting = {**eval_setting(task, eval_cfg, limits, eval_precision), "weights": weights}
+        setting = {**eval_setting(task, eval_cfg, this.limits, this.eval_precision), "weights": weights}
         limit = setting["limit"]  # a variant takes its task's limit
         kept = json.loads(done_task.read_text()) if done_task.is_file() and is_kept(items) else {}
         if kept.get("setting") == setting:
@@ -276,11 +291,11 @@ def _evaluate_arm(args: CompareArgs, model, tokenizer, run_dir: Path, weights: s
             continue
         t0 = time.monotonic()
         res = evaluate(model, tokenizer, [task], protocol=eval_cfg["protocol"], limit=limit, data_dir=args.data_dir,
-                       max_length=eval_cfg["max_length"], precision=eval_precision.name, progress=progress,
+                       max_length=eval_cfg["max_length"], precision=this.eval_precision.name, progress=progress,
                        items_out=items, journal=run_dir / f".eval.{task}.journal", compile=args.compile,
                        journal_key=json.dumps(setting, sort_keys=True))
         tasks[task], task_seconds[task] = res["tasks"][task], time.monotonic() - t0
-        if r.is_main:
+        if this.ranks.is_main:
             write_json(done_task, {"setting": setting, "result": tasks[task], "seconds": task_seconds[task]})
     return tasks, task_seconds
 
