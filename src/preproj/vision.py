@@ -76,8 +76,7 @@ class ImageClassifier(nn.Module):
         self.shape = shape
         self.encoder = PixtralVisionModel(shape.config())
         self.config = self.encoder.config  # model_type "pixtral": the family table's row
-        self.norm = nn.RMSNorm(shape.d_model, eps=self.config.rms_norm_eps if hasattr(self.config, "rms_norm_eps")
-                               else 1e-5)
+        self.norm = nn.RMSNorm(shape.d_model, eps=1e-5)  # Pixtral's own norms' eps
         self.head = nn.Linear(shape.d_model, shape.classes)
 
     def example_input(self) -> dict:

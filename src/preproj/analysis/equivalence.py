@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from .stats import RULE, Statistic, _interval, _Parts, _parts, _seed_part, _separate_p
+from .stats import RULE, Statistic, _interval, _Parts, _parts, _seed_part, _separate_p, t_rule_df
 
 
 def _one_sided_p(distance: float, parts: _Parts, rule: str) -> float:
@@ -27,22 +27,13 @@ def _one_sided_p(distance: float, parts: _Parts, rule: str) -> float:
             return 0.5
         two_sided = _separate_p(abs(distance), parts.items, parts.items_df, seeds)
         return two_sided / 2 if distance > 0 else 1 - two_sided / 2
-    # the t rules: the rule's own standard error and degrees of freedom, read back from its two-sided p
+    # the t rules: the rule's own standard error and degrees of freedom
     se = _interval(parts, rule, with_p=False)[3]
     if se == 0 or not math.isfinite(se):
         return 0.0 if distance > 0 else 1.0
-    df = _df_of(parts, rule, se)
+    df = t_rule_df(parts, [_seed_part(*x, rule) for x in parts.seeds], rule)
     t = distance / se
     return float(scipy_stats.t.sf(t, df) if math.isfinite(df) else scipy_stats.norm.sf(t))
-
-
-def _df_of(parts: _Parts, rule: str, se: float) -> float:
-    """The degrees of freedom `rule` gives this comparison (stats._interval's, for the t rules)."""
-    seeds = [_seed_part(*x, rule) for x in parts.seeds]
-    if rule == "raw, t(n-1) for all" and seeds:
-        return min(d for _, d in seeds)
-    share = parts.items ** 2 / parts.items_df + sum(v ** 2 / d for v, d in seeds if v > 0)
-    return se ** 4 / share if share > 0 else parts.items_df
 
 
 def equivalence_p(a: np.ndarray, b: np.ndarray, statistic: Statistic, margin: float, *, seed_paired: bool = False,

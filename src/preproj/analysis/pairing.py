@@ -119,8 +119,7 @@ def paired_comparisons(runs: list[dict], methods: list[str], protocol: str, out:
         for entries, r in ((found, rule), (twin, other_convention(rule))):
             for p in paired_between(a, b, protocol, seed_paired, r, plan.get("margins")):
                 if not plan.get("metrics") or p.metric in plan["metrics"]:
-                    entries.append({"method": method, "reference": reference, **p.to_dict(), "raw_verdict": p.verdict,
-                                    **({"equivalence": p.equivalence} if hasattr(p, "equivalence") else {})})
+                    entries.append({"method": method, "reference": reference, **p.to_dict(), "raw_verdict": p.verdict})
     correct(found, plan)
     correct(twin, plan)
     for entry, other in zip(found, twin, strict=True):

@@ -56,6 +56,9 @@ class Paired:
     """seed-paired, item-and-seed, or the older item bootstrap ("")."""
     fragile: bool = False
     """The verdict changes under the other defensible degrees-of-freedom convention (RULES)."""
+    equivalence: dict | None = None
+    """Where a plan declares a margin for the metric: the margin, the TOST p and the seeds that would decide
+    (analysis/equivalence.py); left out of to_dict() where there is none."""
 
     @property
     def verdict(self) -> str:
@@ -65,7 +68,10 @@ class Paired:
         return "no detectable difference"
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "verdict": self.verdict}
+        found = {**asdict(self), "verdict": self.verdict}
+        if found["equivalence"] is None:
+            del found["equivalence"]
+        return found
 
 
 def paired_bootstrap(a: np.ndarray, b: np.ndarray, statistic: Callable[[np.ndarray], np.ndarray], *,
@@ -185,6 +191,17 @@ def _quantile(df: float, level: float) -> float:
     return float(scipy_stats.t.ppf(level, df) if math.isfinite(df) else scipy_stats.norm.ppf(level))
 
 
+def t_rule_df(parts: _Parts, seeds: list[tuple[float, float]], rule: str) -> float:
+    """The degrees of freedom of a rule that takes one t-quantile for the whole interval: Welch-Satterthwaite over the
+    items' part and the seed parts `seeds` ((variance, df) each, _seed_part's), or the seeds' fewest for
+    "t(n-1) for all"."""
+    if rule == "raw, t(n-1) for all" and seeds:
+        return min(d for _, d in seeds)
+    var = parts.items + sum(v for v, _ in seeds)
+    share = parts.items ** 2 / parts.items_df + sum(v ** 2 / df for v, df in seeds if v > 0)
+    return var ** 2 / share if share > 0 else parts.items_df
+
+
 def _interval(parts: _Parts, rule: str, confidence: float = 0.95,
               with_p: bool = True) -> tuple[float, float, float, float]:
     """(half-width, smallest detectable effect, p-value (nan unless with_p), standard error) under `rule`."""
@@ -203,10 +220,7 @@ def _interval(parts: _Parts, rule: str, confidence: float = 0.95,
         p = math.nan if not with_p else _separate_p(parts.effect, parts.items, parts.items_df, seeds) \
             if se > 0 and parts.effect != 0 else float(parts.effect == 0)
         return half, mde, p, se
-    share = parts.items ** 2 / parts.items_df + sum(v ** 2 / df for v, df in seeds if v > 0)
-    df = var ** 2 / share if share > 0 else parts.items_df
-    if rule == "raw, t(n-1) for all" and seeds:
-        df = min(d for _, d in seeds)
+    df = t_rule_df(parts, seeds, rule)
     q = _quantile(df, level)
     mde = (q + _quantile(df, 0.80)) * se
     if se == 0:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ from ..core.adapter import describe_adapter
 from ..core.compiling import compiled_blocks, wants_compile
 from ..methods.lora import merged_lora
 from ..runtime import distributed as ddist
-from ..runtime.files import read_text, write_json, write_jsonl
+from ..runtime.files import read_jsonl, write_json, write_jsonl
 from ..runtime.loading import model_max_length
 from ..runtime.precision import check_weights_dtype
 from ..runtime.precision import precision as as_precision
@@ -71,8 +70,7 @@ class EvalArgs:
 def read_items(path: str | Path) -> dict[str, list[dict]]:
     """{task: [record, ...]} from a file that `evaluate(..., items_out=...)` wrote."""
     by_task: dict[str, list[dict]] = {}
-    for line in read_text(path).splitlines():
-        record = json.loads(line)
+    for record in read_jsonl(path):
         by_task.setdefault(record.pop("task"), []).append(record)
     return by_task
 

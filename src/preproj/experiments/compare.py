@@ -37,8 +37,7 @@ from ..evaluation.tasks import columns, default_tasks
 from ..methods.lora import merged_for_evaluation
 from ..methods.registry import METHODS, default_methods
 from ..runtime import distributed as ddist
-from ..runtime.files import atomic_write, read_text, write_json
-from ..runtime.files import kept as is_kept
+from ..runtime.files import atomic_write, kept, write_json
 from ..runtime.loading import load_model
 from ..runtime.precision import Precision, resolve_device
 from ..runtime.precision import precision as as_precision
@@ -49,7 +48,7 @@ from ..training.loop import resolved_args
 from .arms import COMMON, arm_method_lr, run_plan, seed_list
 from .compare_args import PRESETS, CompareArgs
 from .retrain import NotTheScoredWeights, retrain_dir, retrained, trained_weights_digest
-from .reuse import eval_setting, finished_run
+from .reuse import eval_setting, finished_run, read_log
 from .sweep import common_rate, sweep_learning_rates
 
 logger = logging.getLogger(__name__)
@@ -129,7 +128,7 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
     seeds = args.seeds or preset.get("seeds", 1)
     train_args = {**preset["train"], **{k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v}}
     this = _Pass(args, train_args, eval_cfg, limits, precision, eval_precision, device, r, progress, study)
-    sweep = _learning_rates(args, methods, preset, train_args, lr_sweep, precision, device, progress)
+    sweep = _learning_rates(this, methods, preset, lr_sweep)
     if any(lr == COMMON for _, lr in map(arm_method_lr, methods)) and not (sweep and "common" in sweep):
         raise ValueError("METHOD@common needs a learning-rate sweep and the methods whose average picks the common "
                          "rate (a study file's sweep.common); give METHOD@LR for a rate of your own.")
@@ -194,11 +193,11 @@ def _recorded(out: Path, key: str):
         return None
 
 
-def _learning_rates(args: CompareArgs, methods: list[str], preset: dict, train_args: dict, lr_sweep: str | None,
-                    precision, device, progress: bool) -> dict | None:
+def _learning_rates(this: _Pass, methods: list[str], preset: dict, lr_sweep: str | None) -> dict | None:
     """The sweep's results: run now (finished points reused), read back for a report-only pass, or None."""
     if not lr_sweep:
         return None
+    args, train_args = this.args, this.train_args
     common_of = preset.get("common_rate_of", [])
     if args.report_only:  # the sweep's own record, else the one the last report kept
         sweep_file = Path(args.out) / "sweep" / "sweep.json"
@@ -208,7 +207,8 @@ def _learning_rates(args: CompareArgs, methods: list[str], preset: dict, train_a
                                       if m != "base" and lr in (None, COMMON)), *common_of]))
         steps = args.sweep_steps or preset.get("sweep_steps") or max(1, train_args["steps"] // 4)
         n_seeds = args.sweep_seeds or preset.get("sweep_seeds") or 1
-        sweep = sweep_learning_rates(args, swept, train_args, lr_sweep, steps, n_seeds, precision, device, progress)
+        sweep = sweep_learning_rates(args, swept, train_args, lr_sweep, steps, n_seeds, this.precision, this.device,
+                                     this.progress)
     return {**sweep, "common": common_rate(sweep, common_of)} if sweep and common_of else sweep
 
 
@@ -244,7 +244,7 @@ def _run_arm(this: _Pass, arm: str, method: str, seed: int, lr: float | None, ru
               "train_seconds": summary.get("train_seconds") if summary else 0.0,
               "eval_seconds": None if None in task_seconds.values() else sum(task_seconds.values()),
               "skip_norms": summary["skip_norms"] if summary else None,
-              "log": _read_log(run_dir) if summary else [],
+              "log": read_log(run_dir) if summary else [],
               "provenance": {**provenance(), **({"study": study} if study else {})}}
     if this.ranks.is_main:
         write_json(run_dir / "result.json", result)
@@ -285,9 +285,9 @@ def _evaluate_arm(this: _Pass, model, tokenizer, run_dir: Path, weights: str,
         done_task, items = run_dir / f"eval.{task}.json", run_dir / f"items.{task}.jsonl"
         setting = {**eval_setting(task, eval_cfg, this.limits, this.eval_precision), "weights": weights}
         limit = setting["limit"]  # a variant takes its task's limit
-        kept = json.loads(done_task.read_text()) if done_task.is_file() and is_kept(items) else {}
-        if kept.get("setting") == setting:
-            tasks[task], task_seconds[task] = kept["result"], kept.get("seconds")
+        recorded = json.loads(done_task.read_text()) if done_task.is_file() and kept(items) else {}
+        if recorded.get("setting") == setting:
+            tasks[task], task_seconds[task] = recorded["result"], recorded.get("seconds")
             continue
         t0 = time.monotonic()
         res = evaluate(model, tokenizer, [task], protocol=eval_cfg["protocol"], limit=limit, data_dir=args.data_dir,
@@ -320,11 +320,6 @@ def _write_report(report: dict, runs: list[dict], methods: list[str], out: Path,
         plot_paired(report["paired"], out / "paired.png")
     text = render_report(report)
     atomic_write(out / "report.md", lambda tmp: Path(tmp).write_text(text))
-
-
-def _read_log(run_dir: Path) -> list[dict]:
-    path = run_dir / "train_log.jsonl"
-    return [json.loads(line) for line in read_text(path).splitlines()] if is_kept(path) else []
 
 
 def summarise(runs: list[dict], methods: list[str], args: CompareArgs, protocol: str, limits: dict,

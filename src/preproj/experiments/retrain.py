@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..runtime.files import kept, read_text
+from ..runtime.files import kept, read_jsonl
 from ..runtime.loading import load_model
 from ..training import TrainArgs, train
 
@@ -66,7 +66,7 @@ def following(run_dir: Path) -> Callable[[dict], None] | None:
     log = run_dir / "train_log.jsonl"
     if not kept(log):
         return None
-    recorded = {r["step"]: r for r in map(json.loads, read_text(log).splitlines())}
+    recorded = {r["step"]: r for r in read_jsonl(log)}
 
     def check(record: dict) -> None:
         for key in ("heldout_loss", "loss"):

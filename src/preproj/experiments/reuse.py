@@ -8,7 +8,7 @@ import logging
 import math
 from pathlib import Path
 
-from ..runtime.files import kept, read_text
+from ..runtime.files import kept, read_jsonl
 from ..training import TrainArgs
 from ..training.args import changed_arguments
 
@@ -37,11 +37,16 @@ def finished_run(run_dir: Path, arm: str, seed: int, lr: float | None, *, swept:
                          "and would be reported under the new ones: rerun with the recorded ones (its "
                          "train_config.json and eval.TASK.json), or give another --out.")
     if "log" not in run:  # a committed result keeps its log in train_log.jsonl only (scripts/pack_results.py)
-        log = run_dir / "train_log.jsonl"
-        run["log"] = [json.loads(line) for line in read_text(log).splitlines()] if kept(log) else []
+        run["log"] = read_log(run_dir)
     run["method"], run["run_dir"] = arm, run_dir.name  # where it is now: a run may be moved to keep it as an arm
     logger.info(f"[compare] {arm} seed {seed}: already done, reusing {run_dir / 'result.json'}")
     return run
+
+
+def read_log(run_dir: Path) -> list[dict]:
+    """A run's training log, train_log.jsonl (or its packed copy); empty where the run kept none."""
+    path = run_dir / "train_log.jsonl"
+    return read_jsonl(path) if kept(path) else []
 
 
 def eval_setting(task: str, eval_cfg: dict, limits: dict, eval_precision) -> dict:

@@ -21,7 +21,7 @@ import torch
 from ..analysis.pairing import correct, describe_entry, plan_alpha
 from ..analysis.stats import paired_t
 from ..data import resolve_data_dir, training_corpus
-from ..runtime.files import atomic_write, read_text, write_json
+from ..runtime.files import atomic_write, read_jsonl, write_json
 from ..runtime.precision import compute_context
 from ..training.scratch import (
     PretrainArgs,
@@ -361,4 +361,4 @@ def _seed_paired(reference: dict, variant: dict, size: str):
 
 def _log(summary: dict) -> list[dict]:
     path = Path(summary["pretrain"]["out"]) / "train_log.jsonl"
-    return [x for x in map(json.loads, read_text(path).splitlines()) if "heldout_loss" in x]
+    return [x for x in read_jsonl(path) if "heldout_loss" in x]

@@ -75,17 +75,17 @@ def load_study(path: str | Path, **overrides) -> Study:
         raise StudyFileError(f"cannot read the study file {path}: {e.strerror or e}.") from None
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise StudyFileError(f"{path} is not valid TOML: {e}.") from None
+    plan = spec.get("plan")
+    if plan is not None and not isinstance(plan, dict):
+        raise StudyFileError(f"{path}: plan must be a table ([plan]), got {plan!r}.")
     runner = spec.get("runner", "compare")
     if runner == "scaling":
         return _scaling_study(path, raw, spec, overrides)
     if runner != "compare":
         raise StudyFileError(f"{path}: runner must be compare or scaling, got {runner!r}.")
     fields = {f.name: f for f in dataclasses.fields(CompareArgs)}
-    allowed = set(STUDY_KEYS) | set(TABLES) | (set(fields) - set(NOT_IN_FILE))
-    unknown = sorted(set(spec) - allowed)
-    if unknown:
-        raise StudyFileError(f"{path}: unknown key(s) {', '.join(unknown)}; a study file takes "
-                             f"{', '.join(sorted(allowed))} (docs/guide/studies.md).")
+    _refuse_unknown(path, spec, sorted(set(STUDY_KEYS) | set(TABLES) | (set(fields) - set(NOT_IN_FILE))),
+                    "a study file takes")
     preset_name = spec.get("preset", "cpu")
     if preset_name not in PRESETS:
         raise StudyFileError(f"{path}: preset must be one of {', '.join(PRESETS)}, got {preset_name!r}.")
@@ -121,21 +121,13 @@ def load_study(path: str | Path, **overrides) -> Study:
         args = CompareArgs(**compare)
     except TypeError as e:
         raise StudyFileError(f"{path}: {e}.") from None
-    plan = spec.get("plan")
-    if plan is not None and not isinstance(plan, dict):
-        raise StudyFileError(f"{path}: plan must be a table ([plan]), got {plan!r}.")
-    return Study(path, str(spec.get("name", path.stem)), str(spec.get("about", "")), bool(spec.get("declared", False)),
-                 spec.get("cpu_capability"), args, preset, plan, hashlib.sha256(raw).hexdigest())
+    return _study(path, raw, spec, args, preset)
 
 
 def _scaling_study(path: Path, raw: bytes, spec: dict, overrides: dict) -> Study:
     """A study of variants trained from scratch: its keys are ScalingArgs' fields, its plan OUT/analysis_plan.json."""
     fields = {f.name for f in dataclasses.fields(ScalingArgs)} - {"report_only"}
-    allowed = set(STUDY_KEYS) | {"plan"} | fields
-    unknown = sorted(set(spec) - allowed)
-    if unknown:
-        raise StudyFileError(f"{path}: unknown key(s) {', '.join(unknown)}; a scaling study takes "
-                             f"{', '.join(sorted(allowed))} (docs/guide/studies.md).")
+    _refuse_unknown(path, spec, sorted(set(STUDY_KEYS) | {"plan"} | fields), "a scaling study takes")
     if spec.get("declared"):
         raise StudyFileError(f"{path}: a declared scaling study is not offered yet (its runs do not record the study "
                              "file); declare its plan in OUT/analysis_plan.json and set declared = false.")
@@ -148,8 +140,20 @@ def _scaling_study(path: Path, raw: bytes, spec: dict, overrides: dict) -> Study
         args = ScalingArgs(**values)
     except TypeError as e:
         raise StudyFileError(f"{path}: {e}.") from None
-    return Study(path, str(spec.get("name", path.stem)), str(spec.get("about", "")), False,
-                 spec.get("cpu_capability"), args, None, spec.get("plan"), hashlib.sha256(raw).hexdigest())
+    return _study(path, raw, spec, args, None)
+
+
+def _study(path: Path, raw: bytes, spec: dict, args: CompareArgs | ScalingArgs, preset: dict | None) -> Study:
+    return Study(path, str(spec.get("name", path.stem)), str(spec.get("about", "")), bool(spec.get("declared", False)),
+                 spec.get("cpu_capability"), args, preset, spec.get("plan"), hashlib.sha256(raw).hexdigest())
+
+
+def _refuse_unknown(path: Path, table: dict, allowed, what: str, where: str = "") -> None:
+    """One line naming every key `table` has that `allowed` lacks, and what the file takes there instead."""
+    unknown = sorted(set(table) - set(allowed))
+    if unknown:
+        raise StudyFileError(f"{path}: unknown key(s) {where}{', '.join(unknown)}; {what} {', '.join(allowed)}"
+                             + ("" if where else " (docs/guide/studies.md)") + ".")
 
 
 def _train_keys() -> tuple[str, ...]:
@@ -162,10 +166,7 @@ def _table(spec: dict, name: str, path: Path, keys) -> dict:
     table = spec.get(name, {})
     if not isinstance(table, dict):
         raise StudyFileError(f"{path}: {name} must be a table ([{name}]), got {table!r}.")
-    unknown = sorted(set(table) - set(keys))
-    if unknown:
-        raise StudyFileError(f"{path}: unknown key(s) in [{name}]: {', '.join(unknown)}; it takes "
-                             f"{', '.join(keys)}.")
+    _refuse_unknown(path, table, keys, "it takes", where=f"in [{name}]: ")
     return table
 
 

@@ -172,6 +172,11 @@ def kept(path: str | os.PathLike) -> Path | None:
     return packed if packed.is_file() else None
 
 
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """The records of a JSON Lines file (or of its packed copy), as write_jsonl writes them."""
+    return [json.loads(line) for line in read_text(path).splitlines()]
+
+
 def read_text(path: str | os.PathLike) -> str:
     """The text of `path`, or of its packed copy where only that is kept (UTF-8 either way)."""
     import lzma
