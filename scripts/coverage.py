@@ -174,13 +174,12 @@ def study_cells(study: Path) -> list[dict]:
     base's 1 v 3) and with 5 seeds per arm, both with uncorrelated and correlated seed effects."""
     cells = []
     for name, reference, method in STUDY_PAIRS:
-        task = name
         metric = "binary" if name.endswith(".acc") else "ratio"
         fit = _fit_binary if metric == "binary" else _fit_ratio
-        (beta_a, sd_a, tau_a), (beta_b, sd_b, tau_b) = (fit(_arm_values(study, m, task)) for m in (reference, method))
+        a, b = (_arm_values(study, m, name) for m in (reference, method))
+        (beta_a, sd_a, tau_a), (beta_b, sd_b, tau_b) = fit(a), fit(b)
         taus = [t for t, arm in ((tau_a, reference), (tau_b, method)) if arm != "base"]
-        seeds = len(_arm_values(study, reference, task)), len(_arm_values(study, method, task))
-        items = _arm_values(study, method, task).shape[1]
+        seeds, items = (len(a), len(b)), b.shape[1]
         for n in (seeds, (5, 5) if seeds[0] > 1 else (1, 5)):
             for rho in ((0.0, 0.8) if n[0] > 1 else (0.0,)):
                 cells.append({"metric": metric, "items": int(items), "seeds": n, "sd": (sd_a, sd_b),
