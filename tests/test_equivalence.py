@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from preproj.analysis.equivalence import equivalence_p, seeds_to_decide
+from preproj.analysis.equivalence import equivalence
 from preproj.analysis.pairing import correct, describe_entry, verdict_in
 from preproj.analysis.report import paired_paragraph
 from preproj.analysis.stats import RULES, accuracy, paired_difference
@@ -28,22 +28,22 @@ def _arms(shift: float, seeds: int = 5, items: int = 4000, flip: float = 0.1, se
 def test_tost_rejects_exactly_when_the_90_percent_interval_lies_inside_the_margin(rule, seed):
     a, b = _arms(0.0, seed=seed)
     for margin in (0.003, 0.006, 0.01, 0.02):
-        p = equivalence_p(a, b, accuracy, margin, seed_paired=True, rule=rule)
+        p = equivalence(a, b, accuracy, margin, seed_paired=True, rule=rule)["p"]
         d = paired_difference(a, b, accuracy, seed_paired=True, rule=rule, confidence=0.90)
         assert (p < 0.05) == (-margin < d.low and d.high < margin), (margin, p, d.low, d.high)
 
 
 def test_a_difference_outside_the_margin_is_never_equivalent_and_more_seeds_decide_a_close_call():
     a, b = _arms(0.05)
-    assert equivalence_p(a, b, accuracy, 0.01, seed_paired=True, rule="raw, separate quantiles") > 0.5
+    assert equivalence(a, b, accuracy, 0.01, seed_paired=True, rule="raw, separate quantiles")["p"] > 0.5
     a, b = _arms(0.0, seeds=3, items=5000, flip=0.05)
     rule = "raw, separate quantiles"
-    n = seeds_to_decide(a, b, accuracy, 0.01, seed_paired=True, rule=rule)
+    n = equivalence(a, b, accuracy, 0.01, seed_paired=True, rule=rule)["seeds_to_decide"]
     assert n is not None and n >= 3
     # the items' part alone is wider than a tight margin: no number of seeds decides it on these items
-    assert seeds_to_decide(a, b, accuracy, 0.001, seed_paired=True, rule=rule) is None
+    assert equivalence(a, b, accuracy, 0.001, seed_paired=True, rule=rule)["seeds_to_decide"] is None
     with pytest.raises(ValueError, match="margin must be > 0"):
-        equivalence_p(a, b, accuracy, 0.0)
+        equivalence(a, b, accuracy, 0.0)
 
 
 def _entry(method: str, p: float, tost: float, margin: float = 0.01) -> dict:

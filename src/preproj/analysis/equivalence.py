@@ -36,23 +36,33 @@ def _one_sided_p(distance: float, parts: _Parts, rule: str) -> float:
     return float(scipy_stats.t.sf(t, df) if math.isfinite(df) else scipy_stats.norm.sf(t))
 
 
-def equivalence_p(a: np.ndarray, b: np.ndarray, statistic: Statistic, margin: float, *, seed_paired: bool = False,
-                  rule: str = RULE) -> float:
-    """TOST p-value that |B - A| < margin: the larger of the two one-sided p-values (nan where nothing varies)."""
+def equivalence(a: np.ndarray, b: np.ndarray, statistic: Statistic, margin: float, *, seed_paired: bool = False,
+                rule: str = RULE) -> dict:
+    """B against A within ±margin: {"margin", "p": the TOST p-value, "seeds_to_decide": the seeds per arm at which
+    the difference or the equivalence test would decide (None where no count up to 200 would)}, from one estimate of
+    the variance parts."""
     if not margin > 0:
         raise ValueError(f"an equivalence margin must be > 0, got {margin!r}.")
-    parts = _parts(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64), statistic, seed_paired)
+    parts = _as_parts(a, b, statistic, seed_paired)
+    return {"margin": margin, "p": _tost_p(parts, margin, rule),
+            "seeds_to_decide": _seeds_to_decide(parts, margin, rule)}
+
+
+def _as_parts(a, b, statistic: Statistic, seed_paired: bool) -> _Parts:
+    return _parts(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64), statistic, seed_paired)
+
+
+def _tost_p(parts: _Parts, margin: float, rule: str) -> float:
+    """The larger of the two one-sided p-values that |B - A| < margin (nan where nothing varies)."""
     if not math.isfinite(parts.items):
         return math.nan
     return max(_one_sided_p(parts.effect + margin, parts, rule), _one_sided_p(margin - parts.effect, parts, rule))
 
 
-def seeds_to_decide(a: np.ndarray, b: np.ndarray, statistic: Statistic, margin: float | None, *,
-                    seed_paired: bool = False, rule: str = RULE, alpha: float = 0.05, most: int = 200) -> int | None:
+def _seeds_to_decide(parts: _Parts, margin: float, rule: str, alpha: float = 0.05, most: int = 200) -> int | None:
     """The fewest seeds per arm at which, were the effect and the variance components what this run measured, the
     difference test (|effect| beyond the 1 - alpha interval) or the equivalence test (the 1 - 2 alpha interval inside
     the margin) would decide; None when no count up to `most` would, as when the items' part alone is too wide."""
-    parts = _parts(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64), statistic, seed_paired)
     if not parts.seeds or not math.isfinite(parts.items):
         return None
     effect = abs(parts.effect)
@@ -61,7 +71,7 @@ def seeds_to_decide(a: np.ndarray, b: np.ndarray, statistic: Statistic, margin: 
         grown = _Parts(parts.effect, parts.items, parts.items_df, scaled)
         if _half_width(grown, rule, 1 - alpha) < effect:
             return n
-        if margin and effect < margin and _half_width(grown, rule, 1 - 2 * alpha) < margin - effect:
+        if effect < margin and _half_width(grown, rule, 1 - 2 * alpha) < margin - effect:
             return n
     return None
 

@@ -12,7 +12,7 @@ import numpy as np
 from ..evaluation import read_items
 from ..evaluation.tasks import TASK_TABLE, columns, paired_metrics
 from ..runtime.files import kept
-from .equivalence import equivalence_p, seeds_to_decide
+from .equivalence import equivalence
 from .paper import CLAIMS, claim_pairs
 from .stats import RULE, RULES, STATISTICS, Paired, benjamini_hochberg, holm, p_text, paired_difference
 
@@ -62,11 +62,8 @@ def paired_between(a: dict[str, list[Path]], b: dict[str, list[Path]], protocol:
                                        higher_is_better=metric.higher_is_better, seed_paired=pair, rule=rule))
         margin = (margins or {}).get(found[-1].metric)
         if margin is not None:
-            found[-1].equivalence = {
-                "margin": margin, "p": equivalence_p(va, vb, STATISTICS[metric.statistic], margin, seed_paired=pair,
-                                                     rule=rule),
-                "seeds_to_decide": seeds_to_decide(va, vb, STATISTICS[metric.statistic], margin, seed_paired=pair,
-                                                   rule=rule)}
+            found[-1].equivalence = equivalence(va, vb, STATISTICS[metric.statistic], margin, seed_paired=pair,
+                                                rule=rule)
     return found
 
 
