@@ -97,6 +97,23 @@ def data_dir() -> Path | None:
     return path if path.is_dir() else None
 
 
+SMALL_MNIST = {"train": 512, "valid": 128, "test": 96}
+
+
+def small_mnist(root: Path) -> Path:
+    """A data directory at `root` whose mnist.npz holds the first digits of each real split (SMALL_MNIST of each), so
+    that a run scores every test image quickly; skips where ../shared/data is not here."""
+    import numpy as np
+
+    if data_dir() is None:
+        pytest.skip("../shared/data (MNIST) is not here")
+    (root / "mnist").mkdir(parents=True)
+    with np.load(data_dir() / "mnist" / "mnist.npz", allow_pickle=False) as full:
+        np.savez(root / "mnist" / "mnist.npz", **{f"{split}_{kind}": full[f"{split}_{kind}"][:n]
+                                                  for split, n in SMALL_MNIST.items() for kind in ("images", "labels")})
+    return root
+
+
 def missing_model(why: str) -> None:
     """An embedded model that is not installed skips its tests, saying why, on a contributor's machine; where
     PREPROJ_REQUIRE_MODELS=1 (CI sets it, as setup installs both) it fails them, so nothing is skipped unseen."""

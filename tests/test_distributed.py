@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import data_dir, tiny_model_dir
+from conftest import data_dir, small_mnist, tiny_model_dir
 from safetensors.torch import load_file
 
 from preproj import load_adapter, load_model
@@ -287,3 +287,26 @@ def test_the_value_residual_trained_from_scratch_under_fsdp_equals_one_process(s
     wa, wb = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")
     assert "model.layers.0.self_attn.v_proj.weight" in wa
     assert set(wa) == set(wb) and all(torch.allclose(wa[k], wb[k], rtol=0, atol=1e-6) for k in wa)
+
+
+def test_a_vision_model_pretrained_on_two_processes_equals_one_process_at_twice_the_batch(tmp_path):
+    """`preproj pretrain --task mnist --nproc 2`: the image batches split across processes, the same losses, weights and
+    per-item scores as one process."""
+    data = small_mnist(tmp_path / "data")
+    common = ["pretrain", "--task", "mnist", "--data-dir", str(data), "--layers", "2", "--d-model", "32",
+              "--heads", "2", "--patch-size", "7", "--tokens", str(6 * 8 * 16), "--lr", "3e-3", "--warmup", "2",
+              "--eval-every", "3", "--eval-batches", "2", "--save-every", "3", "--precision", "fp32", "--device", "cpu",
+              "--no-compile"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main([*common, "--batch-size", "8", "--out", str(one)]) == 0
+    proc = run(preproj_cmd(*common, "--batch-size", "4", "--out", str(two)))
+    assert proc.stdout.count("summary:") == 1
+    la, lb = log_of(one), log_of(two)
+    assert [r["step"] for r in la] == [r["step"] for r in lb] == list(range(7))
+    for a, b in zip(la, lb, strict=True):
+        for key in ("loss", "heldout_loss"):
+            assert (key in a) == (key in b) and abs(a.get(key, 0) - b.get(key, 0)) <= 1e-5, (a, b)
+    wa, wb = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")
+    assert set(wa) == set(wb) and all(torch.allclose(wa[k], wb[k], rtol=0, atol=1e-5) for k in wa)
+    ia, ib = ([json.loads(x) for x in (d / "items.mnist.jsonl").read_text().splitlines()] for d in (one, two))
+    assert [r["acc"] for r in ia] == [r["acc"] for r in ib]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import data_dir
 
 from preproj.core.attach import attach
 from preproj.core.config import PreProjConfig
@@ -76,37 +75,3 @@ def test_a_shape_that_cannot_work_is_refused_in_one_line(bad, message):
 def test_images_of_the_wrong_size_or_channels_are_refused_in_one_line():
     with pytest.raises(ValueError, match=r"images must be \(batch, 1, 28, 28\), got \(2, 3, 28, 28\)"):
         _model()(torch.zeros(2, 3, 28, 28))
-
-
-@pytest.mark.slow
-def test_the_classifier_learns_mnist_digits():
-    """80 steps on 1,024 training digits lower the loss on 512 validation digits by a tenth or more."""
-    import numpy as np
-
-    from preproj.images import mnist
-
-    if data_dir() is None:
-        pytest.skip("../shared/data (MNIST) is not here")
-    images, labels = mnist("train", data_dir())
-    valid_images, valid_labels = mnist("valid", data_dir())
-
-    def batch(x, y):
-        return torch.from_numpy(x[:, None].astype(np.float32) / 255.0), torch.from_numpy(y.astype(np.int64))
-
-    x, y = batch(images[:1024], labels[:1024])
-    vx, vy = batch(valid_images[:512], valid_labels[:512])
-    model = _model("preproj+skip")
-    with torch.no_grad():
-        start = float(model(vx, vy))
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    generator = torch.Generator().manual_seed(0)
-    for _ in range(80):
-        idx = torch.randint(0, 1024, (64,), generator=generator)
-        loss = model(x[idx], y[idx])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    with torch.no_grad():
-        valid_loss = float(model.eval()(vx, vy))
-    assert valid_loss < 0.9 * start, (start, valid_loss)

@@ -236,11 +236,15 @@ def _pretrain(ns: argparse.Namespace) -> int:
         return _torchrun(args.nproc, ns.argv)
     ddist.main_prints(ddist.setup(resolve_device(args.device)))
     summary, _ = pretrain(args)
-    for prompt, text in summary["samples"].items():
+    for prompt, text in summary.get("samples", {}).items():
         print(f"  {prompt!r} -> {text!r}")
-    ppl = ", ".join(f"{k} perplexity {v:.2f}" for k, v in summary["perplexity"].items())
+    if args.task == "text":
+        scores = ", ".join(f"{k} perplexity {v:.2f}" for k, v in summary["perplexity"].items())
+    else:
+        scores = ", ".join(f"{k.replace('_', ' ')} accuracy {v:.4f}" for k, v in summary["accuracy"].items())
+    unit = "tokens" if args.task == "text" else "patches"
     print(f"summary: {args.method} from scratch, {summary['params'] / 1e6:.2f}M parameters, {summary['steps']} steps, "
-          f"{summary['tokens_seen']:,} tokens at {summary['tokens_per_second']:.0f} tok/s, {ppl}, "
+          f"{summary['tokens_seen']:,} {unit} at {summary['tokens_per_second']:.0f} {unit}/s, {scores}, "
           f"{_training_time(summary)}; model in {args.out}" + (f", adapter in {args.out}/adapter"
                                                                     if args.method != "base" else ""))
     return 0
@@ -462,7 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .experiments.scaling import ScalingArgs
     from .methods.registry import trained_methods
     from .training import PretrainArgs, TrainArgs
-    from .training.scratch import pretrain_methods
+    from .training.scratch import TASKS, pretrain_methods
 
     def inspect_flags(p):
         _add_dataclass_args(p, InspectArgs)
@@ -490,7 +494,8 @@ def build_parser() -> argparse.ArgumentParser:
          _harness_flags, _harness),
     )
     # fields whose values a table holds: --help lists them as the table is now (registered methods included)
-    choices = {TrainArgs: {"method": trained_methods}, PretrainArgs: {"method": pretrain_methods}}
+    choices = {TrainArgs: {"method": trained_methods},
+               PretrainArgs: {"method": pretrain_methods, "task": lambda: TASKS}}
     parser = _Parser(prog="preproj", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"preproj {_version()}")
     talk = argparse.ArgumentParser(add_help=False)  # every command takes --quiet and --verbose

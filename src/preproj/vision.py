@@ -12,17 +12,25 @@ patches that carries their positions along (`forward(..., order=, keep_positions
 keeping the positions in place (`keep_positions=True`) is the position-shuffle probe: what accuracy is left is
 carried by content that does not depend on where it is.
 
+`preproj pretrain --task mnist` trains it through the text side's loop (training/scratch_vision.py). A trained model is
+a directory as text's are: `config.json` (the shape) and `model.safetensors` written by `save_pretrained`, the
+method's files in `adapter/`; `ImageClassifier.from_pretrained(dir)` reads the first two.
+
 Not yet here: video (3-D RoPE over time, row and column, tubelet patches), a learned absolute position embedding,
-training through `preproj pretrain --task`, export.
+export.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from .runtime.files import write_json
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,9 @@ class VisionShape:
                                    patch_size=self.patch_size)
 
 
+MODEL_TYPE = "preproj-image-classifier"
+
+
 class ImageClassifier(nn.Module):
     """Patches -> Pixtral's pre-norm blocks with 2-D RoPE -> mean over patches -> RMSNorm -> linear head."""
 
@@ -84,19 +95,54 @@ class ImageClassifier(nn.Module):
         s, p = self.shape, next(self.parameters())
         return {"pixel_values": torch.zeros(1, s.channels, s.image_size, s.image_size, device=p.device, dtype=p.dtype)}
 
+    def save_pretrained(self, out: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """config.json (the shape) and model.safetensors, as transformers' save_pretrained lays a model out."""
+        from safetensors.torch import save_file
+
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        state = state_dict if state_dict is not None else self.state_dict()
+        save_file({k: v.detach().contiguous() for k, v in state.items()}, str(out / "model.safetensors"))
+        write_json(out / "config.json", {"model_type": MODEL_TYPE, "shape": asdict(self.shape)})
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path) -> ImageClassifier:
+        """The model save_pretrained wrote (without the method: load_adapter(model, directory / "adapter") adds it)."""
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        try:
+            config = json.loads((directory / "config.json").read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{directory} holds no readable config.json of a vision model ({e}).") from None
+        if config.get("model_type") != MODEL_TYPE:
+            raise ValueError(f"{directory}/config.json is not an image classifier's (model_type "
+                             f"{config.get('model_type')!r}, expected {MODEL_TYPE!r}).")
+        model = cls(VisionShape(**config["shape"]))
+        model.load_state_dict(load_file(str(directory / "model.safetensors")))
+        return model
+
     def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None, *,
                 order: torch.Tensor | None = None, keep_positions: bool = False) -> torch.Tensor:
-        """Logits (B, classes), or the mean cross-entropy when `labels` are given. `order`: a permutation of the
-        patches (row-major); their RoPE positions move with them, or with keep_positions stay where they were."""
+        """Logits (B, classes), or the mean cross-entropy when `labels` are given. uint8 pixels are read as
+        value / 255. `order`: a permutation of the patches (row-major), (patches,) or one per image (batch, patches);
+        their RoPE positions move with them, or with keep_positions stay where they were."""
         s, encoder = self.shape, self.encoder
         if pixel_values.ndim != 4 or pixel_values.shape[1:] != (s.channels, s.image_size, s.image_size):
             raise ValueError(f"images must be (batch, {s.channels}, {s.image_size}, {s.image_size}), got "
                              f"{tuple(pixel_values.shape)}.")
+        if pixel_values.dtype == torch.uint8:
+            pixel_values = pixel_values / 255.0
         patches = encoder.patch_conv(pixel_values.to(encoder.patch_conv.weight.dtype))  # (B, d, grid, grid)
         x = encoder.ln_pre(patches.flatten(2).transpose(1, 2))  # (B, grid², d), row-major
         rows, cols = torch.meshgrid(torch.arange(s.grid), torch.arange(s.grid), indexing="ij")
         positions = torch.stack([rows.flatten(), cols.flatten()], dim=-1).to(x.device)  # (grid², 2): (row, column)
-        if order is not None:
+        if order is not None and order.ndim == 2:  # one permutation per image: Pixtral's RoPE takes one position set
+            if not keep_positions:
+                raise ValueError("a permutation per image (order of shape (batch, patches)) needs keep_positions=True; "
+                                 "to carry positions along, give one permutation (patches,) for the whole batch.")
+            x = x.gather(1, order[..., None].expand(-1, -1, x.shape[-1]))
+        elif order is not None:
             x = x[:, order]
             positions = positions if keep_positions else positions[order]
         cos, sin = encoder.patch_positional_embedding(x, positions)

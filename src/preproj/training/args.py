@@ -116,11 +116,13 @@ def check_same_run(recorded_path: Path, args) -> None:
                          "with the recorded ones (train_config.json), or start afresh with another --out.")
 
 
-def check_train_args(args: TrainArgs) -> None:
-    """Every argument checked before anything loads, each failure one line that names the argument."""
+def check_train_args(args: TrainArgs, reads_data: bool = True) -> None:
+    """Every argument checked before anything loads, each failure one line that names the argument. reads_data: False
+    where the caller gives the data, and args.data only names it."""
     check_args(args)
     as_precision(args.precision)
-    check_data_source(args.data)
+    if reads_data:
+        check_data_source(args.data)
     if args.method not in trained_methods() and not (args.train_base and args.method == "base"):
         raise ValueError(f"method must be one of {', '.join(trained_methods())}, got {args.method!r}.")
     if args.attn_implementation not in (None, "sdpa", "eager"):

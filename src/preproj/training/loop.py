@@ -28,7 +28,6 @@ from tqdm.auto import tqdm
 
 from ..core.attach import skip_norms
 from ..core.compiling import compiled_blocks, wants_compile
-from ..data import resolve_data_dir, training_corpus
 from ..methods.registry import build_method, method, save_method, save_model_dir
 from ..runtime import distributed as ddist
 from ..runtime.files import write_json
@@ -51,7 +50,7 @@ from .audit import Bf16Audit
 from .schedule import batch_indices, lr_at, make_optimizer
 from .signals import StopRequests, TrainingInterrupted
 from .strategy import Strategy, strategy_for
-from .windows import tokenize_examples
+from .windows import read_text_data
 
 logger = logging.getLogger(__name__)
 
@@ -101,15 +100,18 @@ class Run:
 
 
 def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True,
-          on_record: Callable[[dict], None] | None = None) -> tuple[dict, nn.Module]:
+          on_record: Callable[[dict], None] | None = None,
+          data: tuple[dict[str, torch.Tensor], str] | None = None) -> tuple[dict, nn.Module]:
     """Run one frozen-probe training; returns (summary.json's contents, the trained model).
 
     Under torchrun every process calls this with the same arguments; the model returned is the
     unwrapped one (for FSDP, still sharded). OUT is owned by this run while it lasts (a second run on
     it is refused), and SIGINT or SIGTERM stop it after the current step with a checkpoint to resume.
     on_record sees each record as it enters train_log.jsonl (step 0's held-out loss first); an exception it raises
-    ends the run there."""
-    check_train_args(args)
+    ends the run there. data: (tensors, description) read by the caller instead of args.data's text, keyed as
+    read_text_data keys them; a model that is not a causal LM (preproj.vision's) takes them as model(inputs, labels)
+    and returns its loss."""
+    check_train_args(args, reads_data=data is None)
     device = resolve_device(args.device)
     args = resolved_args(args, device, model)
     ddist.setup(device)
@@ -118,7 +120,7 @@ def train(args: TrainArgs, model=None, tokenizer=None, progress: bool = True,
         if out.exists() and (out / "train_log.jsonl").exists() and not args.resume:
             raise ValueError(f"{out} already holds a run; pass --resume to continue it or choose another --out.")
         wall_start = time.monotonic()
-        run = setup(args, model, tokenizer, device)
+        run = setup(args, model, tokenizer, device, data)
         run.on_record = on_record
         hold.enter_context(compiled_blocks(run.base, args.compile, device))
         start_or_resume(run, hold)
@@ -147,7 +149,7 @@ def recorded_precision(out: Path) -> str | None:
 
 # --- setup ---------------------------------------------------------------------------------------
 
-def setup(args: TrainArgs, model, tokenizer, device: torch.device) -> Run:
+def setup(args: TrainArgs, model, tokenizer, device: torch.device, data=None) -> Run:
     """The model with its method attached and wrapped for the strategy, the data tokenized, the optimizer."""
     precision = as_precision(args.precision)
     if model is None:
@@ -155,7 +157,8 @@ def setup(args: TrainArgs, model, tokenizer, device: torch.device) -> Run:
     else:
         check_weights_dtype(model, precision)
         model.to(device)
-    check_within_context("seq_len", args.seq_len, model_max_length(model, tokenizer))
+    if tokenizer is not None:
+        check_within_context("seq_len", args.seq_len, model_max_length(model, tokenizer))
     torch.manual_seed(args.seed)
     model = build_method(model, args.method, args.lora_rank, precision)
     if args.train_base:
@@ -174,7 +177,7 @@ def setup(args: TrainArgs, model, tokenizer, device: torch.device) -> Run:
     wrapped = strategy.wrap(model)
     params = checkpointer.trainable(wrapped)
 
-    data, description = read_data(args, tokenizer, strategy.ranks.world_size)
+    data, description = data or read_text_data(args, tokenizer, strategy.ranks.world_size)
     config = {**asdict(args), "world_size": strategy.ranks.world_size,
               "global_batch_size": args.batch_size * strategy.ranks.world_size, "trainable_params": n_trainable,
               "data_description": description, "provenance": provenance()}
@@ -184,18 +187,6 @@ def setup(args: TrainArgs, model, tokenizer, device: torch.device) -> Run:
                data_description=description, config=config,
                audit=Bf16Audit(params, method(args.method).trains, strategy.local, strategy.sum)
                if precision.name == "bf16-true" else None)
-
-
-def read_data(args: TrainArgs, tokenizer, world_size: int) -> tuple[dict[str, torch.Tensor], str]:
-    """Training and held-out examples as (ids, labels) tensors, and one line saying what was kept and held out."""
-    train_lines, held_lines, description = training_corpus(args.data, resolve_data_dir(args.data_dir), lines=args.lines)
-    if ddist.ranks().is_main:
-        logger.info("data: %s", description)  # what was kept, dropped and held out, before any step
-    ids, labels = tokenize_examples(train_lines, tokenizer, args.seq_len, args.packing, what="training text")
-    held_ids, held_labels = tokenize_examples(held_lines, tokenizer, args.seq_len, args.packing,
-                                              max_examples=args.eval_batches * args.batch_size * world_size,
-                                              what="held-out text (for a file of your own, its last 5% of lines)")
-    return {"ids": ids, "labels": labels, "held_ids": held_ids, "held_labels": held_labels}, description
 
 
 def start_or_resume(run: Run, hold: contextlib.ExitStack) -> None:
@@ -325,7 +316,11 @@ def step_times(seconds: list[float]) -> dict:
 
 
 def _targets(labels: torch.Tensor) -> int:
-    return int((labels[:, 1:] != -100).sum())
+    """What a batch's loss is the mean over: next-token targets of text, or its examples where each has one label or
+    as many targets as the others (images, clips)."""
+    if labels.ndim == 2 and not labels.is_floating_point():
+        return int((labels[:, 1:] != -100).sum())
+    return len(labels)
 
 
 # --- validate ------------------------------------------------------------------------------------

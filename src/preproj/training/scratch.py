@@ -34,6 +34,8 @@ from .probes import first_token_attention, greedy_samples, lm_loss
 
 logger = logging.getLogger(__name__)
 
+TASKS = ("text", "mnist")
+"""What `pretrain` trains on: text, or images (training/scratch_vision.py)."""
 MODES = ("base", "preproj", "skip", "preproj+skip")
 """The paper's modes from scratch; every method whose name is a PreProjConfig mode trains from scratch too."""
 EOS = "<|endoftext|>"
@@ -45,6 +47,9 @@ class PretrainArgs:
 
     out: str = "runs/pretrain"
     """Output directory: the model (config, safetensors, tokenizer), adapter/, train_log.jsonl, summary.json."""
+    task: str = "text"
+    """text (a Llama-architecture language model on --data), or mnist (a small vision transformer with 2-D RoPE that
+    classifies MNIST digits, docs/guide/vision.md; --data, --tokenizer, --seq-len and --sample-tokens do not apply)."""
     layers: int = 4
     """Decoder layers."""
     d_model: int = 128
@@ -72,7 +77,11 @@ class PretrainArgs:
     """train:N (a byte-level BPE of N tokens trained on the training text: a 49k-token embedding would dominate a
     tiny model), or an embedded name, hub id or directory whose tokenizer to use (e.g. smollm2-135m)."""
     tokens: int = 2_000_000
-    """Training tokens; steps = tokens / (batch_size x seq_len x grad_accum x processes)."""
+    """Training tokens (patches for a vision task); steps = tokens / (batch_size x seq_len x grad_accum x processes)."""
+    epochs: float | None = None
+    """Passes over the training images (vision tasks; instead of --tokens)."""
+    patch_size: int = 4
+    """Vision tasks: pixels per side of a square patch (a token); it must divide the image size (28 for MNIST)."""
     seq_len: int = 256
     """Tokens per sequence (also the model's context)."""
     batch_size: int = 8
@@ -237,7 +246,10 @@ def build_model(shape: Shape, context: int, tokenizer, seed: int, precision: str
 def _check(args: PretrainArgs) -> None:
     check_args(args)
     as_precision(args.precision)
-    check_data_source(args.data)
+    if args.task not in TASKS:
+        raise ValueError(f"--task must be one of {', '.join(TASKS)}, got {args.task!r}.")
+    if args.task == "text":
+        check_data_source(args.data)
     methods = pretrain_methods()
     if args.method not in methods:
         raise ValueError(f"--method must be one of {', '.join(methods)}, got {args.method!r}.")
@@ -268,6 +280,10 @@ def shape_of(args: PretrainArgs, vocab: int) -> Shape:
 def pretrain(args: PretrainArgs, progress: bool = True) -> tuple[dict, nn.Module]:
     """Setup, fit, validate; returns (summary.json's contents, the trained model)."""
     _check(args)
+    if args.task != "text":
+        from .scratch_vision import pretrain_images  # it builds on this module
+
+        return pretrain_images(args, progress)
     device = resolve_device(args.device)
     args = replace(args, precision=as_precision(args.precision, device).name)
     r = ddist.setup(device)

@@ -21,7 +21,8 @@ STRATEGIES = ("ddp", "fsdp")
 
 
 class LossModel(nn.Module):
-    """model + the fused LM-head loss in one forward.
+    """model + its loss in one forward: the fused LM-head loss for a causal LM; for preproj's own models that are not
+    (the vision side's, which have `example_input`), their forward given the labels.
 
     DDP synchronises gradients, and FSDP gathers parameters, only through the wrapped module's own
     forward: the loss, which reads the LM head's weight directly, has to run inside it."""
@@ -29,9 +30,12 @@ class LossModel(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
+        self.causal_lm = not hasattr(model, "example_input")
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return causal_lm_loss(self.model, input_ids, labels)
+        if self.causal_lm:
+            return causal_lm_loss(self.model, input_ids, labels)
+        return self.model(input_ids, labels)
 
 
 class Strategy:

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
+from ..data import resolve_data_dir, training_corpus
+from ..runtime import distributed as ddist
+
+logger = logging.getLogger(__name__)
+
 
 def leading_special_tokens(tokenizer) -> list[int]:
     """The special tokens the tokenizer puts before every text it encodes (a BOS for Gemma and Llama, none for
@@ -61,3 +68,15 @@ def tokenize_examples(texts: list[str], tokenizer, seq_len: int, packing: str = 
         ids[i, : len(tokens)] = torch.tensor(tokens)
         labels[i, : len(tokens)] = torch.tensor(tokens)
     return ids, labels
+
+
+def read_text_data(args, tokenizer, world_size: int) -> tuple[dict, str]:
+    """Training and held-out examples as (ids, labels) tensors, and one line saying what was kept and held out."""
+    train_lines, held_lines, description = training_corpus(args.data, resolve_data_dir(args.data_dir), lines=args.lines)
+    if ddist.ranks().is_main:
+        logger.info("data: %s", description)  # what was kept, dropped and held out, before any step
+    ids, labels = tokenize_examples(train_lines, tokenizer, args.seq_len, args.packing, what="training text")
+    held_ids, held_labels = tokenize_examples(held_lines, tokenizer, args.seq_len, args.packing,
+                                              max_examples=args.eval_batches * args.batch_size * world_size,
+                                              what="held-out text (for a file of your own, its last 5% of lines)")
+    return {"ids": ids, "labels": labels, "held_ids": held_ids, "held_labels": held_labels}, description
