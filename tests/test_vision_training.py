@@ -18,8 +18,8 @@ from preproj.cli import main
 from preproj.core.adapter import load_adapter
 from preproj.methods import build_method
 from preproj.training.scratch import PretrainArgs, pretrain, pretrain_methods
-from preproj.training.scratch_vision import _flops_per_patch, vision_shape
-from preproj.vision import ImageClassifier
+from preproj.training.scratch_vision import train_flops_per_example, vision_shape
+from preproj.vision import ClipTransformer, ImageClassifier
 
 
 @pytest.fixture(scope="module")
@@ -27,26 +27,44 @@ def data(tmp_path_factory) -> Path:
     return small_mnist(tmp_path_factory.mktemp("data"))
 
 
-def tiny(root: Path, out: Path, **overrides) -> PretrainArgs:
-    return replace(PretrainArgs(task="mnist", out=str(out), data_dir=str(root), layers=2, d_model=32, heads=2,
-                                patch_size=7, batch_size=32, epochs=2, lr=3e-3, warmup=2, eval_every=8,
-                                eval_batches=2, save_every=4, precision="fp32", device="cpu", compile=False),
-                   **overrides)
+TINY = {"mnist": dict(patch_size=7, epochs=2),
+        "moving-mnist": dict(patch_size=16, frames=8, context=4, tokens=32 * 64 * 32),
+        "moving-mnist-direction": dict(patch_size=16, frames=8, tubelet=4, tokens=32 * 32 * 32)}
+"""32 steps of 32 examples each."""
 
 
+def tiny(root: Path, out: Path, task: str = "mnist", **overrides) -> PretrainArgs:
+    return PretrainArgs(**{**dict(task=task, out=str(out), data_dir=str(root), layers=2, d_model=32, heads=2,
+                                  batch_size=32, lr=3e-3, warmup=2, eval_every=8, eval_batches=2, save_every=4,
+                                  precision="fp32", device="cpu", compile=False), **TINY[task], **overrides})
+
+
+TASK_SHAPES = {
+    "mnist": dict(patch_size=7),
+    "moving-mnist": dict(patch_size=16, frames=8, context=4, tubelet=2),
+    "moving-mnist-direction": dict(patch_size=16, frames=8, tubelet=4),
+}
+
+
+@pytest.mark.parametrize("task", TASK_SHAPES)
 @pytest.mark.parametrize("mode", pretrain_methods())
-def test_flops_per_patch_agree_with_torch_flop_counter(mode):
+def test_flops_per_example_agree_with_torch_flop_counter(task, mode):
     """The count against FlopCounterMode on one forward and backward pass with eager attention, every weight
-    trainable; the head's share per patch is rounded down, so the totals agree to its remainder."""
-    shape = vision_shape(PretrainArgs(task="mnist", layers=2, d_model=32, heads=2, patch_size=7))
+    trainable."""
+    shape = vision_shape(PretrainArgs(task=task, layers=2, d_model=24, heads=2, **TASK_SHAPES[task]))
     torch.manual_seed(0)
-    model = build_method(ImageClassifier(shape), mode).requires_grad_(True)
+    model = build_method((ImageClassifier if task == "mnist" else ClipTransformer)(shape), mode).requires_grad_(True)
     model.encoder.set_attn_implementation("eager")
-    batch, patches = 3, shape.grid ** 2
+    batch = 3
+    if task == "mnist":
+        inputs, labels = torch.rand(batch, 1, 28, 28), torch.tensor([0, 1, 2])
+    elif task == "moving-mnist":
+        inputs, labels = torch.rand(batch, 4, 64, 64), torch.rand(batch, 4, 64, 64)
+    else:
+        inputs, labels = torch.rand(batch, 8, 64, 64), torch.tensor([0, 1, 3])
     with FlopCounterMode(display=False) as counter:
-        model(torch.rand(batch, 1, 28, 28), torch.tensor([0, 1, 2])).backward()
-    counted, ours = counter.get_total_flops(), _flops_per_patch(shape, mode, patches) * batch * patches
-    assert 0 <= counted - ours < batch * patches, (counted, ours)
+        model(inputs, labels).backward()
+    assert counter.get_total_flops() == train_flops_per_example(shape, mode) * batch
 
 
 @pytest.mark.parametrize("match", ["params", "flops"])
@@ -54,13 +72,12 @@ def test_a_plain_vision_model_matched_to_the_adapted_one_is_within_two_percent(m
     args = PretrainArgs(task="mnist", layers=3, d_model=64, heads=4, method="base", match=match)
     plain, adapted = vision_shape(args), vision_shape(replace(args, method="preproj+skip", match=None))
     assert plain.config().intermediate_size > adapted.config().intermediate_size
-    patches = plain.grid ** 2
     if match == "params":
         def measure(shape, mode):
             return sum(p.numel() for p in build_method(ImageClassifier(shape), mode).parameters())
     else:
         def measure(shape, mode):
-            return _flops_per_patch(shape, mode, patches)
+            return train_flops_per_example(shape, mode)
     assert abs(measure(plain, "base") / measure(adapted, "preproj+skip") - 1) < 0.02
 
 
@@ -94,35 +111,57 @@ def test_pretraining_on_mnist_learns_and_writes_per_item_files_and_a_model_direc
     assert torch.allclose(losses, torch.tensor([r["loss"] for r in items]), atol=1e-5)
 
 
-def test_a_killed_vision_run_resumes_to_the_same_weights_bitwise(data, tmp_path, monkeypatch):
-    pretrain(tiny(data, tmp_path / "full"), progress=False)
-    forward, calls = ImageClassifier.forward, {"n": 0}
+@pytest.mark.parametrize("task", ["mnist", pytest.param("moving-mnist", marks=pytest.mark.integration)])
+def test_a_killed_vision_run_resumes_to_the_same_weights_bitwise(task, data, tmp_path, monkeypatch):
+    pretrain(tiny(data, tmp_path / "full", task), progress=False)
+    model_type = ImageClassifier if task == "mnist" else ClipTransformer
+    forward, calls = model_type.forward, {"n": 0}
 
     def killed(self, *a, **k):
         calls["n"] += 1
-        if calls["n"] == 1 + 2 + 6:  # structure check, held-out loss (2 batches), step 7 of 32
+        if calls["n"] == 1 + 2 + 6:  # structure check, held-out loss (2 batches), step 6 of 32
             raise KeyboardInterrupt("killed")
         return forward(self, *a, **k)
 
-    monkeypatch.setattr(ImageClassifier, "forward", killed)
+    monkeypatch.setattr(model_type, "forward", killed)
     with pytest.raises(KeyboardInterrupt):
-        pretrain(tiny(data, tmp_path / "killed"), progress=False)
-    monkeypatch.setattr(ImageClassifier, "forward", forward)
+        pretrain(tiny(data, tmp_path / "killed", task), progress=False)
+    monkeypatch.setattr(model_type, "forward", forward)
     assert torch.load(tmp_path / "killed" / "checkpoint" / "state.pt", weights_only=True)["step"] == 4
-    pretrain(tiny(data, tmp_path / "killed", resume=True), progress=False)
+    pretrain(tiny(data, tmp_path / "killed", task, resume=True), progress=False)
     for name in ("model.safetensors", "adapter/adapter_model.safetensors"):
         a, b = load_file(tmp_path / "full" / name), load_file(tmp_path / "killed" / name)
         assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a), name
-    items = [(tmp_path / run / "items.mnist.jsonl").read_text() for run in ("full", "killed")]
+    key = task.replace("-", "_")
+    items = [(tmp_path / run / f"items.{key}.jsonl").read_text() for run in ("full", "killed")]
     assert items[0] == items[1]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("task", ["moving-mnist", "moving-mnist-direction"])
+def test_pretraining_on_moving_mnist_learns_and_writes_per_clip_files(task, data, tmp_path):
+    summary, model = pretrain(tiny(data, tmp_path / "run", task), progress=False)
+    log = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    assert log[-1]["heldout_loss"] < 0.9 * log[0]["heldout_loss"]
+    key = task.replace("-", "_")
+    for name, which in ((key, "test"), (f"{key}_shuffled", "test_shuffled")):
+        items = [json.loads(line) for line in (tmp_path / "run" / f"items.{name}.jsonl").read_text().splitlines()]
+        assert len(items) == 1_000 and {r["task"] for r in items} == {name}
+        assert np.mean([r["loss"] for r in items]) == pytest.approx(summary["loss"][which], rel=1e-9)
+        assert ("acc" in items[0]) == (task == "moving-mnist-direction")
+    reloaded = ClipTransformer.from_pretrained(tmp_path / "run")
+    assert reloaded.shape == model.shape
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--patch-size", "5"], "patches of 5 pixels do not tile a 28-pixel image"),
-    (["--task", "cifar"], "--task must be one of text, mnist"),
+    (["--task", "cifar"], "--task must be one of text, mnist, moving-mnist"),
     (["--epochs", "0"], "argument --epochs: must be > 0"),
     (["--data-dir", "{tmp}/nowhere"], "nowhere' is not a directory"),
     (["--data-dir", "{tmp}"], "MNIST needs mnist/mnist.npz in the data directory"),
+    (["--task", "moving-mnist", "--tubelet", "3"], "tubelets of 3 frames must tile the clip (16 frames)"),
+    (["--task", "moving-mnist", "--context", "16"], "context 16 must be below frames 16"),
+    (["--task", "moving-mnist-direction", "--patch-size", "7"], "patches of 7 pixels do not tile a 64-pixel frame"),
 ])
 def test_bad_vision_arguments_are_refused_in_one_line_and_leave_no_run_directory(argv, message, data, tmp_path,
                                                                                 capsys):

@@ -241,7 +241,8 @@ def _pretrain(ns: argparse.Namespace) -> int:
     if args.task == "text":
         scores = ", ".join(f"{k} perplexity {v:.2f}" for k, v in summary["perplexity"].items())
     else:
-        scores = ", ".join(f"{k.replace('_', ' ')} accuracy {v:.4f}" for k, v in summary["accuracy"].items())
+        metric = "accuracy" if "accuracy" in summary else "loss"
+        scores = ", ".join(f"{k.replace('_', ' ')} {metric} {v:.4f}" for k, v in summary[metric].items())
     unit = "tokens" if args.task == "text" else "patches"
     print(f"summary: {args.method} from scratch, {summary['params'] / 1e6:.2f}M parameters, {summary['steps']} steps, "
           f"{summary['tokens_seen']:,} {unit} at {summary['tokens_per_second']:.0f} {unit}/s, {scores}, "

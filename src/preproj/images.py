@@ -15,6 +15,7 @@ another class in general, so it is a task where frame order matters.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,9 +68,10 @@ def direction_class(velocity: np.ndarray) -> np.ndarray:
     return np.where(down, np.where(right, 0, 1), np.where(right, 3, 2)).astype(np.int64)
 
 
-def moving_mnist(images: np.ndarray, labels: np.ndarray, n_clips: int, seed: int, *, frames: int = 20,
+def moving_mnist(images: np.ndarray, labels: np.ndarray, n_clips: int, seed: int | list[int], *, frames: int = 20,
                  size: int = 64, digits: int = 2, speed: float = 3.0) -> Clips:
-    """`n_clips` clips drawn from `images` (one split's pool) with numpy's PCG64 seeded by `seed`: the same
+    """`n_clips` clips drawn from `images` (one split's pool) with numpy's PCG64 seeded by `seed` (an int or a list of
+    ints, through numpy's SeedSequence): the same
     arguments give the same bytes (PCG64's stream is the same everywhere; positions are float64, rounded to pixels
     once, so a last-bit difference in a CPU's sin or cos shows only if it lands on a half pixel)."""
     if n_clips < 1 or frames < 1 or digits < 1 or size < DIGIT or not speed > 0:
@@ -103,3 +105,56 @@ def _bounce(start: np.ndarray, velocity: np.ndarray, frames: int, room: float) -
         return np.zeros_like(free)
     folded = np.mod(free, 2 * room)
     return np.where(folded > room, 2 * room - folded, folded)
+
+
+CLIP_SEEDS = {"train": 1, "valid": 2, "test": 3}
+"""Clip i of a split is moving_mnist(that split's digits, 1, seed=[CLIP_SEEDS[split], i]): the data set is the
+generator and these seeds."""
+
+
+class ClipSet:
+    """`n` Moving MNIST clips of one split, generated when indexed (so a set of any size costs no memory), and the
+    views a training loop indexes: `view("context")` the first `context` frames, `view("future")` the frames after
+    them, `view("clip")` every frame, `view("direction")` the direction class. Two views indexed with the same clips
+    in a row generate them once."""
+
+    def __init__(self, split: str, data_dir: Path | None, n: int, *, frames: int, context: int = 0, size: int = 64):
+        self.images, self.labels = mnist(split, data_dir)
+        self.split, self.n, self.frames, self.context, self.size = split, n, frames, context, size
+        self._last: tuple[tuple[int, ...], Clips] | None = None
+
+    def clips(self, index) -> Clips:
+        index = tuple(int(i) for i in np.asarray(index).reshape(-1))
+        if self._last is None or self._last[0] != index:
+            made = [moving_mnist(self.images, self.labels, 1, [CLIP_SEEDS[self.split], i], frames=self.frames,
+                                 size=self.size) for i in index]
+            self._last = index, Clips(*(np.concatenate([getattr(c, f) for c in made]) for f in
+                                        ("frames", "digit_index", "digit_label", "velocity")))
+        return self._last[1]
+
+    def first(self, n: int) -> ClipSet:
+        """The first n clips (the same clips: clip i depends on i alone), sharing the digits."""
+        other = copy.copy(self)
+        other.n, other._last = min(n, self.n), None
+        return other
+
+    def view(self, part: str) -> ClipView:
+        return ClipView(self, part)
+
+
+@dataclass(frozen=True)
+class ClipView:
+    clips: ClipSet
+    part: str
+
+    def __len__(self) -> int:
+        return self.clips.n
+
+    def __getitem__(self, index):
+        import torch
+
+        made = self.clips.clips(index)
+        c = self.clips.context
+        part = {"clip": lambda: made.frames, "context": lambda: made.frames[:, :c],
+                "future": lambda: made.frames[:, c:], "direction": lambda: made.direction}[self.part]()
+        return torch.from_numpy(np.ascontiguousarray(part))

@@ -57,7 +57,7 @@ FAMILIES = (
            decision="OLMo-2 has no attention-input norm (it norms after attention), so x̂ is the residual stream "
                     "that attention reads, and the skip is added after the attention-output norm, as for Gemma-2."),
     # GPT-J is a parallel block (attention and MLP both read ln_1), where the skip on attention's output is exact.
-    # The vision classifier (preproj.vision): transformers' Pixtral encoder, pre-norm, 2-D RoPE inside attention.
+    # The vision side's models (preproj.vision): transformers' Pixtral blocks, pre-norm, RoPE inside attention.
     Family("pixtral", ("pixtral",), "encoder.transformer.layers", "attention", "attention_norm",
            r".*\.attention\.(base_layer\.)?(q_proj|k_proj|v_proj|o_proj)"),
     Family("gptj", ("gptj",), "transformer.h", "attn", "ln_1",

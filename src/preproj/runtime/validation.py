@@ -32,7 +32,8 @@ BOUNDS = {
     # pretraining
     "layers": POSITIVE_COUNT, "d_model": POSITIVE_COUNT, "heads": POSITIVE_COUNT, "kv_heads": POSITIVE_COUNT,
     "intermediate_size": POSITIVE_COUNT, "tokens": POSITIVE_COUNT, "sample_tokens": COUNT,
-    "epochs": POSITIVE, "patch_size": POSITIVE_COUNT,
+    "epochs": POSITIVE, "patch_size": POSITIVE_COUNT, "frames": POSITIVE_COUNT,
+    "tubelet": POSITIVE_COUNT,
     # evaluation and comparison
     "limit": POSITIVE_COUNT, "max_length": Bound(2), "batch_tokens": POSITIVE_COUNT, "seeds": POSITIVE_COUNT,
     "num_fewshot": COUNT,

@@ -34,7 +34,7 @@ from .probes import first_token_attention, greedy_samples, lm_loss
 
 logger = logging.getLogger(__name__)
 
-TASKS = ("text", "mnist")
+TASKS = ("text", "mnist", "moving-mnist", "moving-mnist-direction")
 """What `pretrain` trains on: text, or images (training/scratch_vision.py)."""
 MODES = ("base", "preproj", "skip", "preproj+skip")
 """The paper's modes from scratch; every method whose name is a PreProjConfig mode trains from scratch too."""
@@ -48,8 +48,10 @@ class PretrainArgs:
     out: str = "runs/pretrain"
     """Output directory: the model (config, safetensors, tokenizer), adapter/, train_log.jsonl, summary.json."""
     task: str = "text"
-    """text (a Llama-architecture language model on --data), or mnist (a small vision transformer with 2-D RoPE that
-    classifies MNIST digits, docs/guide/vision.md; --data, --tokenizer, --seq-len and --sample-tokens do not apply)."""
+    """text (a Llama-architecture language model on --data); mnist (a vision transformer with 2-D RoPE classifies MNIST
+    digits); moving-mnist (a video transformer with 3-D RoPE predicts the frames after --context of a Moving MNIST clip)
+    or moving-mnist-direction (it tells which way a clip's first digit moves). docs/guide/vision.md; --data,
+    --tokenizer, --seq-len and --sample-tokens are text's."""
     layers: int = 4
     """Decoder layers."""
     d_model: int = 128
@@ -80,8 +82,16 @@ class PretrainArgs:
     """Training tokens (patches for a vision task); steps = tokens / (batch_size x seq_len x grad_accum x processes)."""
     epochs: float | None = None
     """Passes over the training images (vision tasks; instead of --tokens)."""
-    patch_size: int = 4
-    """Vision tasks: pixels per side of a square patch (a token); it must divide the image size (28 for MNIST)."""
+    patch_size: int | None = None
+    """Vision tasks: pixels per side of a square patch; it must divide the image (28 for MNIST, 64 for Moving MNIST).
+    Default: 4 for MNIST, 8 for Moving MNIST."""
+    frames: int = 16
+    """Moving MNIST: frames per clip."""
+    context: int = 10
+    """moving-mnist: frames given; the model predicts the rest of the clip."""
+    tubelet: int = 2
+    """Moving MNIST: frames per token (a tubelet of tubelet x patch x patch pixels); it must divide --frames and
+    --context."""
     seq_len: int = 256
     """Tokens per sequence (also the model's context)."""
     batch_size: int = 8

@@ -1,4 +1,4 @@
-"""A small vision transformer to train from scratch with the modules built in (the first part of the vision side).
+"""A small vision transformer for images, to train from scratch with the modules built in.
 
 Built from transformers' Pixtral vision encoder, which already is what the method needs: a patch embedding, pre-norm
 blocks whose attention reads the block's own RMSNorm, bidirectional attention, and position entering only inside
@@ -12,25 +12,21 @@ patches that carries their positions along (`forward(..., order=, keep_positions
 keeping the positions in place (`keep_positions=True`) is the position-shuffle probe: what accuracy is left is
 carried by content that does not depend on where it is.
 
-`preproj pretrain --task mnist` trains it through the text side's loop (training/scratch_vision.py). A trained model is
-a directory as text's are: `config.json` (the shape) and `model.safetensors` written by `save_pretrained`, the
-method's files in `adapter/`; `ImageClassifier.from_pretrained(dir)` reads the first two.
+`preproj pretrain --task mnist` trains it through the text side's loop (training/scratch_vision.py); a trained model
+is a directory (directory.py).
 
-Not yet here: video (3-D RoPE over time, row and column, tubelet patches), a learned absolute position embedding,
-export.
+Not yet here: a learned absolute position embedding, export.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .runtime.files import write_json
+from .directory import SavedAsDirectory
 
 
 @dataclass(frozen=True)
@@ -74,11 +70,11 @@ class VisionShape:
                                    patch_size=self.patch_size)
 
 
-MODEL_TYPE = "preproj-image-classifier"
-
-
-class ImageClassifier(nn.Module):
+class ImageClassifier(SavedAsDirectory, nn.Module):
     """Patches -> Pixtral's pre-norm blocks with 2-D RoPE -> mean over patches -> RMSNorm -> linear head."""
+
+    model_type = "preproj-image-classifier"
+    shape_type = VisionShape
 
     def __init__(self, shape: VisionShape):
         super().__init__()
@@ -94,33 +90,6 @@ class ImageClassifier(nn.Module):
         """One blank image: what the family table's structural check runs the model on."""
         s, p = self.shape, next(self.parameters())
         return {"pixel_values": torch.zeros(1, s.channels, s.image_size, s.image_size, device=p.device, dtype=p.dtype)}
-
-    def save_pretrained(self, out: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
-        """config.json (the shape) and model.safetensors, as transformers' save_pretrained lays a model out."""
-        from safetensors.torch import save_file
-
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        state = state_dict if state_dict is not None else self.state_dict()
-        save_file({k: v.detach().contiguous() for k, v in state.items()}, str(out / "model.safetensors"))
-        write_json(out / "config.json", {"model_type": MODEL_TYPE, "shape": asdict(self.shape)})
-
-    @classmethod
-    def from_pretrained(cls, directory: str | Path) -> ImageClassifier:
-        """The model save_pretrained wrote (without the method: load_adapter(model, directory / "adapter") adds it)."""
-        from safetensors.torch import load_file
-
-        directory = Path(directory)
-        try:
-            config = json.loads((directory / "config.json").read_text())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{directory} holds no readable config.json of a vision model ({e}).") from None
-        if config.get("model_type") != MODEL_TYPE:
-            raise ValueError(f"{directory}/config.json is not an image classifier's (model_type "
-                             f"{config.get('model_type')!r}, expected {MODEL_TYPE!r}).")
-        model = cls(VisionShape(**config["shape"]))
-        model.load_state_dict(load_file(str(directory / "model.safetensors")))
-        return model
 
     def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None, *,
                 order: torch.Tensor | None = None, keep_positions: bool = False) -> torch.Tensor:
