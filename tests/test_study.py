@@ -254,9 +254,8 @@ def test_a_study_that_fixes_its_kernels_runs_only_with_them(tmp_path, monkeypatc
 
 
 def test_a_scaling_study_takes_preproj_scalings_keys_and_reproduces_a_committed_report(tmp_path, capsys):
-    """runner = "scaling": the keys are ScalingArgs' (lists allowed), a declared one is refused (its runs do not
-    record the file yet), and a report-only pass over a copy of results/variants-cpu rewrites its report byte for
-    byte."""
+    """runner = "scaling": the keys are ScalingArgs' (lists allowed), and a report-only pass over a copy of
+    results/variants-cpu rewrites its report byte for byte."""
     import shutil
 
     from preproj.experiments.scaling import ScalingArgs
@@ -266,8 +265,6 @@ def test_a_scaling_study_takes_preproj_scalings_keys_and_reproduces_a_committed_
     assert isinstance(study.args, ScalingArgs) and study.args.variants == "preproj+skip,gate" and study.preset is None
     with pytest.raises(StudyFileError, match="unknown key.*steps"):
         load_study(_write(tmp_path / "s.toml", "runner = 'scaling'\nsteps = 3\n"))
-    with pytest.raises(StudyFileError, match="a declared scaling study is not offered yet"):
-        load_study(_write(tmp_path / "s.toml", "runner = 'scaling'\ndeclared = true\n"))
     copy = tmp_path / "variants-cpu"
     shutil.copytree(ROOT / "results" / "variants-cpu", copy)
     text = (ROOT / "studies" / "variants-cpu.toml").read_text().replace('"results/variants-cpu"', f'"{copy}"')

@@ -172,3 +172,86 @@ def test_bad_vision_arguments_are_refused_in_one_line_and_leave_no_run_directory
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not out.exists()
+
+
+@pytest.mark.integration
+def test_a_declared_vision_study_runs_records_itself_and_pairs_variants_item_by_item(data, tmp_path, capsys):
+    """runner = "scaling" with task = "mnist": a tiny grid from a committed study file; every run records the file,
+    the plan comes from the file, and the comparisons pair the variants over test digits and seeds."""
+    import subprocess
+
+    from preproj.experiments.study import load_study, runs_older_than_plan
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for argv in (["init", "-q"], ["config", "user.email", "t@t"], ["config", "user.name", "t"]):
+        subprocess.run(["git", "-C", str(repo), *argv], check=True, capture_output=True)
+    (repo / "v.toml").write_text(f"""
+runner = "scaling"
+declared = true
+task = "mnist"
+out = "{tmp_path / 'out'}"
+data_dir = "{data}"
+sizes = "1x64"
+variants = ["preproj+skip", "base@params"]
+seeds = 2
+epochs = 1
+patch_size = 7
+batch_size = 32
+lr = 3e-3
+warmup = 2
+eval_every = 8
+precision = "fp32"
+compile = false
+device = "cpu"
+
+[plan]
+alpha = 0.05
+families = [{{ name = "against the plain model", correction = "holm", reference = "base@params" }}]
+""")
+    for argv in (["add", "v.toml"], ["commit", "-q", "-m", "plan"]):
+        subprocess.run(["git", "-C", str(repo), *argv], check=True, capture_output=True)
+    assert main(["study", "run", str(repo / "v.toml"), "--quiet"]) == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    entry = results["sizes"]["1x64"]
+    compared = entry["paired"]["base@params"]["preproj+skip"]
+    assert set(compared) == {"mnist.loss", "mnist.acc"}
+    accuracy = compared["mnist.acc"]
+    assert accuracy["higher_is_better"] and not compared["mnist.loss"]["higher_is_better"]
+    assert accuracy["items"] == SMALL_MNIST["test"] and accuracy["seeds"] == [2, 2]
+    assert accuracy["test"] == "seed-paired"
+    assert set(accuracy["adjusted"]) == {"against the plain model"}
+    variant = entry["variants"]["preproj+skip"]
+    assert len(variant["test_accuracy"]) == 2 and len(variant["items"]) == 2
+    summary = json.loads((Path(variant["items"][0]) / "summary.json").read_text())
+    assert summary["provenance"]["study"]["sha256"] == load_study(repo / "v.toml").sha256
+    assert runs_older_than_plan(load_study(repo / "v.toml")) == []
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "# preproj scaling: mnist" in report and "preproj+skip, mnist.acc:" in report
+
+
+@pytest.mark.integration
+def test_a_diverged_sweep_point_loses_the_sweep_and_is_not_retried(data, tmp_path, monkeypatch):
+    from preproj.experiments import scaling
+    from preproj.training import TrainingDiverged
+
+    real, calls = scaling.pretrain, []
+
+    def pretrain_or_diverge(args, progress=True):
+        calls.append(args.lr)
+        if args.lr == 1.0:
+            raise TrainingDiverged("Loss became nan at step 3")
+        return real(args, progress)
+
+    monkeypatch.setattr(scaling, "pretrain", pretrain_or_diverge)
+    grid = scaling.ScalingArgs(task="mnist", out=str(tmp_path / "grid"), data_dir=str(data), sizes="1x64",
+                               variants="preproj+skip", seeds=1, lrs="3e-3,1", sweep_tokens=16 * 32 * 4, epochs=1,
+                               patch_size=7, batch_size=32, warmup=2, eval_every=8, precision="fp32", compile=False,
+                               device="cpu")
+    results = scaling.run_scaling(grid, progress=False)
+    variant = results["sizes"]["1x64"]["variants"]["preproj+skip"]
+    assert variant["lr"] == 3e-3 and variant["sweep"]["1"] == [None] and variant["sweep"]["0.003"][0] > 0
+    assert (tmp_path / "grid" / "1x64" / "sweep" / "preproj+skip@1" / "seed0" / "diverged.json").is_file()
+    calls.clear()
+    scaling.run_scaling(grid, progress=False)
+    assert calls == []  # every run, the diverged point included, is read back

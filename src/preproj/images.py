@@ -118,16 +118,17 @@ class ClipSet:
     them, `view("clip")` every frame, `view("direction")` the direction class. Two views indexed with the same clips
     in a row generate them once."""
 
-    def __init__(self, split: str, data_dir: Path | None, n: int, *, frames: int, context: int = 0, size: int = 64):
+    def __init__(self, split: str, data_dir: Path | None, n: int, *, frames: int, context: int = 0, size: int = 64,
+                 digits: int = 2):
         self.images, self.labels = mnist(split, data_dir)
-        self.split, self.n, self.frames, self.context, self.size = split, n, frames, context, size
+        self.split, self.n, self.frames, self.context, self.size, self.digits = split, n, frames, context, size, digits
         self._last: tuple[tuple[int, ...], Clips] | None = None
 
     def clips(self, index) -> Clips:
         index = tuple(int(i) for i in np.asarray(index).reshape(-1))
         if self._last is None or self._last[0] != index:
             made = [moving_mnist(self.images, self.labels, 1, [CLIP_SEEDS[self.split], i], frames=self.frames,
-                                 size=self.size) for i in index]
+                                 size=self.size, digits=self.digits) for i in index]
             self._last = index, Clips(*(np.concatenate([getattr(c, f) for c in made]) for f in
                                         ("frames", "digit_index", "digit_label", "velocity")))
         return self._last[1]

@@ -18,11 +18,10 @@ from pathlib import Path
 
 import torch
 
-from ..analysis.pairing import correct, describe_entry, plan_alpha
-from ..analysis.stats import paired_t
 from ..data import resolve_data_dir, training_corpus
 from ..runtime.files import atomic_write, read_jsonl, write_json
 from ..runtime.precision import compute_context
+from ..training import TrainingDiverged
 from ..training.scratch import (
     PretrainArgs,
     Shape,
@@ -35,12 +34,11 @@ from ..training.scratch import (
     shared_fields,
     train_flops_per_token,
 )
-from .scaling_report import distinct, plots, report_markdown
+from ..training.scratch_vision import vision_shape
+from .scaling_compare import REFERENCE, default_plan, paired_by_plan
+from .scaling_report import plots, report_markdown
 
 logger = logging.getLogger(__name__)
-
-REFERENCE = "preproj+skip"
-
 
 @dataclass
 class ScalingArgs:
@@ -48,6 +46,9 @@ class ScalingArgs:
 
     out: str = "runs/scaling"
     """Output directory: one pretrain run per size/variant/seed, report.md, results.json, plots."""
+    task: str = "text"
+    """What every run trains on, as `preproj pretrain --task`: text, or a vision task (mnist, moving-mnist,
+    moving-mnist-direction), whose runs are then compared item by item on their test files."""
     sizes: str = "2x96,4x128"
     """Model sizes, LAYERSxD_MODEL, comma-separated; heads = d_model / 32 (the default is the CPU study's)."""
     variants: str = "preproj+skip,base@params,base@flops,base,skip"
@@ -57,7 +58,17 @@ class ScalingArgs:
     seeds: int = 3
     """Seeds per variant; seed i sets the initialisation and the data order of every variant's run i."""
     tokens: int = 1_000_000
-    """Training tokens per run."""
+    """Training tokens per run (patches or tubelets for a vision task)."""
+    epochs: float | None = None
+    """Vision tasks: passes over the training set per run, instead of --tokens."""
+    patch_size: int | None = None
+    """Vision tasks: as `preproj pretrain --patch-size` (default: the task's)."""
+    frames: int = 16
+    """Moving MNIST: frames per clip."""
+    context: int = 10
+    """moving-mnist: frames given."""
+    tubelet: int = 2
+    """Moving MNIST: frames per token."""
     data: str = "wikitext2-train"
     """Training text (raw valid scores selection-free validation, raw test the reported perplexity)."""
     data_dir: str | None = None
@@ -138,18 +149,8 @@ def run_args(args: ScalingArgs, size: tuple[int, int], variant: str, seed: int, 
         **shared_fields(args, PretrainArgs), "out": str(where / f"seed{seed}"), "lr": lr,
         "tokens": (args.sweep_tokens or args.tokens) if sweep else args.tokens,
         "layers": layers, "d_model": d, "heads": d // 32, "method": method, "match": match or None,
-        "tokenizer": str(Path(args.out) / "tokenizer"), "seed": seed, "save_every": args.eval_every, "resume": True})
-
-
-def default_plan(variants: list[str]) -> dict:
-    """Every variant against preproj+skip and against the parameter-matched plain model (where it is in the grid),
-    seed-paired t on the test loss, Holm within each of the two families."""
-    plain = "base@params" if "base@params" in variants else None
-    families = [{"name": f"against {REFERENCE}", "correction": "holm", "reference": REFERENCE}]
-    if plain:
-        families.append({"name": f"against {plain}", "correction": "holm", "reference": plain})
-    return {"alpha": 0.05, "test": "seed-paired t on the test loss (validation loss for a text without a test split)",
-            "families": families}
+        "tokenizer": str(Path(args.out) / "tokenizer"), "seed": seed, "save_every": args.eval_every, "resume": True,
+        **({"epochs": None, "tokens": args.sweep_tokens} if sweep and args.sweep_tokens else {})})
 
 
 def analysis_plan(out: Path, variants: list[str]) -> dict:
@@ -161,20 +162,33 @@ def analysis_plan(out: Path, variants: list[str]) -> dict:
     return json.loads(path.read_text())
 
 
-def _run(r: PretrainArgs, progress: bool) -> dict:
-    """The run's summary: read where it finished, else trained (resuming from its checkpoint)."""
+def _run(r: PretrainArgs, progress: bool, study: dict | None = None, sweep: bool = False) -> dict:
+    """The run's summary: read where it finished, else trained (resuming from its checkpoint). A study's run keeps
+    the study file's record in its summary's provenance. A sweep point that diverges counts as an infinite
+    validation loss (the rate is not chosen), and diverged.json keeps why, so that a resumed sweep does not retry it."""
     summary = _finished(Path(r.out))
     if summary is None:
         logger.info(f"[scaling] {r.out} (lr {r.lr:g}, {r.tokens:,} tokens) ...")
-        summary, _ = pretrain(r, progress=progress)
+        try:
+            summary, _ = pretrain(r, progress=progress)
+        except TrainingDiverged as e:
+            if not sweep:
+                raise
+            write_json(Path(r.out) / "diverged.json", {"lr": r.lr, "why": str(e)})
+            return _finished(Path(r.out))
+        if study:
+            summary["provenance"] = {**summary["provenance"], "study": study}
+            write_json(Path(r.out) / "summary.json", summary)
     return summary
 
 
 def _finished(out: Path) -> dict | None:
+    if (out / "diverged.json").is_file():
+        return {"loss": {"validation": math.inf}, "diverged": json.loads((out / "diverged.json").read_text())["why"]}
     path = out / "summary.json"
     if path.is_file():
         summary = json.loads(path.read_text())
-        if "perplexity" in summary:
+        if "loss" in summary:  # written by pretrain's last phase, after training's own summary
             return summary
     return None
 
@@ -214,7 +228,9 @@ def step_time_share(shape: Shape, tokenizer, args: ScalingArgs, device: torch.de
     return {"plain_step_seconds": plain, "adapted_step_seconds": adapted, "modules_share": 1 - plain / adapted}
 
 
-def run_scaling(args: ScalingArgs, progress: bool = True) -> dict:
+def run_scaling(args: ScalingArgs, progress: bool = True, study: dict | None = None) -> dict:
+    """Run or resume the grid (or only rewrite its report); `study`: the study file's record, kept in every run it
+    finishes."""
     from transformers import AutoTokenizer
 
     from ..runtime.precision import precision as as_precision
@@ -231,17 +247,19 @@ def run_scaling(args: ScalingArgs, progress: bool = True) -> dict:
     start = time.monotonic()
 
     # --- setup: one tokenizer for every run ---
-    if not (out / "tokenizer" / "tokenizer.json").is_file():
+    text = args.task == "text"
+    if text and not (out / "tokenizer" / "tokenizer.json").is_file():
         texts, _, _ = training_corpus(args.data, resolve_data_dir(args.data_dir))
         make_tokenizer(args.tokenizer, texts).save_pretrained(out / "tokenizer")
-    tokenizer = AutoTokenizer.from_pretrained(out / "tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(out / "tokenizer") if text else None
 
     # --- fit: per variant its sweep (when asked) and its runs, skipping finished ones and resuming the rest ---
     runs, shapes, sweeps = {}, {}, {}
     for size in sizes:
         key = f"{size[0]}x{size[1]}"
         for variant in variants:
-            shape = shape_of(run_args(args, size, variant, 0), len(tokenizer))
+            shape = shape_of(run_args(args, size, variant, 0), len(tokenizer)) if text \
+                else vision_shape(run_args(args, size, variant, 0))
             plain = variant.startswith("base")
             same = next((v for v in variants if plain and v.startswith("base") and v != variant and (key, v) in shapes
                          and shapes[key, v] == shape), None)
@@ -252,17 +270,19 @@ def run_scaling(args: ScalingArgs, progress: bool = True) -> dict:
                 continue
             lr = args.lr
             if rates:
-                sweeps[key, variant] = {f"{r:g}": [_run(run_args(args, size, variant, seed, r, sweep=True), progress)
-                                                   ["loss"]["validation"] for seed in range(args.sweep_seeds)]
-                                        for r in rates}
-                lr = min(rates, key=lambda r: statistics.mean(sweeps[key, variant][f"{r:g}"]))
+                swept = {r: [_run(run_args(args, size, variant, seed, r, sweep=True), progress, study, sweep=True)
+                             for seed in range(args.sweep_seeds)] for r in rates}
+                lr = min(rates, key=lambda r: statistics.mean(s["loss"]["validation"] for s in swept[r]))
+                sweeps[key, variant] = {f"{r:g}": [s["loss"]["validation"] if "diverged" not in s else None
+                                                   for s in runs_at] for r, runs_at in swept.items()}  # None: diverged
                 logger.info(f"[scaling] {key} {variant}: lr {lr:g} (sweep: {sweeps[key, variant]})")
-            runs[key, variant] = [_run(run_args(args, size, variant, seed, lr), progress) for seed in range(args.seeds)]
+            runs[key, variant] = [_run(run_args(args, size, variant, seed, lr), progress, study)
+                                  for seed in range(args.seeds)]
             _write_results(out, args, runs, shapes, {}, start, sweeps, plan)
 
     # --- validate: timing, paired differences, report and plots ---
     timing = {}
-    for size in sizes:
+    for size in sizes if text else ():  # the side-by-side timing is of text models
         key = f"{size[0]}x{size[1]}"
         timing[key] = step_time_share(shapes[key, REFERENCE], tokenizer, args, device)
     results = _write_results(out, args, runs, shapes, timing, start, sweeps, plan)
@@ -302,9 +322,11 @@ def _write_results(out: Path, args: ScalingArgs, runs: dict, shapes: dict, timin
         shape = shapes[key, variant]
         method = variant.partition("@")[0]
         entry = sizes.setdefault(key, {"variants": {}, "paired": {}, "timing": timing.get(key)})
+        text = args.task == "text"
         entry["variants"][variant] = {
-            "shape": asdict(shape), "params": count_params(shape, method),
-            "train_flops_per_token": train_flops_per_token(shape, method, args.seq_len),
+            "shape": asdict(shape), "params": count_params(shape, method) if text else summaries[0]["params"],
+            "train_flops_per_token": train_flops_per_token(shape, method, args.seq_len) if text
+            else summaries[0]["train_flops_per_token"],
             "seeds": len(summaries),
             "test_loss": [s["loss"]["test"] for s in summaries if "test" in s["loss"]],
             "validation_loss": [s["loss"]["validation"] for s in summaries],
@@ -316,47 +338,17 @@ def _write_results(out: Path, args: ScalingArgs, runs: dict, shapes: dict, timin
             "sweep": sweeps.get((key, variant)),
             "first_token_attention": [s.get("first_token_attention") for s in summaries],
         }
+        if not text:  # per-item files to compare on, accuracy, and the position-shuffle probe
+            entry["variants"][variant].update(
+                task=args.task.replace("-", "_"), items=[s["pretrain"]["out"] for s in summaries],
+                test_accuracy=[s["accuracy"]["test"] for s in summaries if "accuracy" in s],
+                shuffled_test_loss=[s["loss"]["test_shuffled"] for s in summaries],
+                shuffled_test_accuracy=[s["accuracy"]["test_shuffled"] for s in summaries if "accuracy" in s])
     compared = paired_by_plan(sizes, plan)
     results = {"args": asdict(args), "plan": plan, "sizes": sizes, "comparisons": compared,
                "wall_seconds": time.monotonic() - start}
     write_json(out / "results.json", results)
     return results
-
-
-def paired_by_plan(sizes: dict, plan: dict) -> list[dict]:
-    """Each family's comparisons (every variant of every size against the family's reference), seed-paired t
-    intervals with p-values, Holm (or Benjamini-Hochberg) within the family, the verdict from the adjusted p. The
-    effect is the variant's loss minus the reference's: negative means the variant is better. A pair an earlier
-    family compares is not repeated, and a variant that shares its runs with an earlier one (base@flops at
-    base@params's width) is compared once. Each entry also lands in its size's `paired` table."""
-    found, compared, alpha = [], set(), plan_alpha(plan)
-    for family in plan["families"]:
-        reference, members = family["reference"], []
-        for key, entry in sizes.items():
-            for variant in distinct(entry["variants"]):
-                pair = (key, frozenset((variant, reference)))
-                if variant == reference or reference not in entry["variants"] or pair in compared:
-                    continue
-                p = _seed_paired(entry["variants"][reference], entry["variants"][variant], key)
-                if p is not None:
-                    compared.add(pair)
-                    members.append({"method": variant, "reference": reference, "size": key, **p.to_dict(),
-                                    "raw_verdict": p.verdict})
-        correct(members, {"alpha": alpha,
-                          "families": [{"name": family["name"], "correction": family["correction"], "members": "all"}]})
-        for m in members:
-            m["text"] = describe_entry({**m, "metric": "loss"}, alpha)
-            sizes[m["size"]]["paired"].setdefault(reference, {})[m["method"]] = m
-        found += members
-    return found
-
-
-def _seed_paired(reference: dict, variant: dict, size: str):
-    split = "test" if variant["test_loss"] else "validation"  # text files have no separate test text
-    a, b = reference[f"{split}_loss"], variant[f"{split}_loss"]
-    if not a or len(a) != len(b):
-        return None
-    return paired_t(a, b, metric=f"{size} {split} loss", higher_is_better=False)
 
 
 def _log(summary: dict) -> list[dict]:

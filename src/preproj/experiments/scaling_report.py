@@ -12,6 +12,8 @@ from ..training.probes import uniform_first_token_attention
 
 
 def report_markdown(results: dict) -> str:
+    if results["args"].get("task", "text") != "text":
+        return vision_markdown(results)
     a, plan = results["args"], results["plan"]
     rates = (f"each variant at the rate of --lrs {a['lrs']} whose sweep runs ({(a['sweep_tokens'] or a['tokens']):,} "
              f"tokens, {a['sweep_seeds']} seed(s)) ended with the lowest validation loss (raw valid)"
@@ -57,6 +59,44 @@ def report_markdown(results: dict) -> str:
               "![skip norms](skip_norms.png)"]
     if _has_sink(results):
         lines.append("![attention on the first token](sink.png)")
+    return "\n".join(lines) + "\n"
+
+
+def vision_markdown(results: dict) -> str:
+    """A vision grid's report: per size, each variant's counts, rate, losses and accuracies (mean ± sd over seeds),
+    the position-shuffle probe, and each family's item-and-seed-paired differences on every metric."""
+    a, plan = results["args"], results["plan"]
+    budget = f"{a['epochs']:g} epoch(s)" if a.get("epochs") else f"{a['tokens']:,} tokens"
+    rates = (f"each variant at the rate of --lrs {a['lrs']} with the lowest validation loss" if a.get("lrs")
+             else f"lr {a['lr']} for every variant")
+    lines = [f"# preproj scaling: {a['task']}, trained from scratch", "",
+             f"{budget} per run, batch {a['batch_size']}, {rates}, {a['precision']}, {a['seeds']} seeds; seed i gives "
+             "every variant the same initialisation and data order. *Shuffled*: the test items with their given tokens "
+             "permuted and the RoPE positions kept in place. Differences are the variant's minus the reference's over "
+             "the test items and the seeds (the plan's rule), with the family's correction "
+             f"({plan.get('declared', 'declared in analysis_plan.json before the runs')}).", ""]
+    for key, entry in results["sizes"].items():
+        variants = entry["variants"]
+        accuracy = any(v.get("test_accuracy") for v in variants.values())
+        lines += [f"## {key} (layers x d_model)", "",
+                  "| variant | params | train FLOPs/token | lr | seeds | val loss | test loss | shuffled loss |"
+                  + (" test acc | shuffled acc |" if accuracy else ""),
+                  "|---|---|---|---|---|---|---|---|" + ("---|---|" if accuracy else "")]
+        for variant, v in variants.items():
+            lines.append(f"| {variant} | {v['params'] / 1e6:.3f}M | {v['train_flops_per_token'] / 1e6:.2f}M | "
+                         f"{v.get('lr') or a['lr']:g} | {v['seeds']} | {_mean_sd(v['validation_loss'], digits=4)} | "
+                         f"{_mean_sd(v['test_loss'], digits=4)} | {_mean_sd(v['shuffled_test_loss'], digits=4)} |"
+                         + (f" {_mean_sd(v['test_accuracy'], digits=4)} | "
+                            f"{_mean_sd(v['shuffled_test_accuracy'], digits=4)} |" if accuracy else ""))
+        for family in plan["families"]:
+            reference, rows = family["reference"], entry["paired"].get(family["reference"], {})
+            if rows:
+                lines += ["", f"Against {reference} ({family['name']}, {family['correction']}):", ""]
+                lines += [f"- {variant}, {metric}: {m['text']}" for variant, by_metric in rows.items()
+                          for metric, m in by_metric.items()]
+        lines.append("")
+    lines += ["![loss versus tokens](loss_vs_tokens.png)", "![loss versus FLOPs](loss_vs_flops.png)",
+              "![skip norms](skip_norms.png)"]
     return "\n".join(lines) + "\n"
 
 
@@ -115,13 +155,13 @@ def _mean_of_layers(per_seed: list | None) -> float | None:
     return statistics.mean(statistics.mean(r) for r in runs) if runs else None
 
 
-def _mean_sd(losses: list[float], exp: bool = False) -> str:
+def _mean_sd(losses: list[float], exp: bool = False, digits: int = 2) -> str:
     if not losses:
         return "–"
     values = [math.exp(x) for x in losses] if exp else losses
     if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
 def plots(out: Path, results: dict) -> None:

@@ -128,9 +128,6 @@ def _scaling_study(path: Path, raw: bytes, spec: dict, overrides: dict) -> Study
     """A study of variants trained from scratch: its keys are ScalingArgs' fields, its plan OUT/analysis_plan.json."""
     fields = {f.name for f in dataclasses.fields(ScalingArgs)} - {"report_only"}
     _refuse_unknown(path, spec, sorted(set(STUDY_KEYS) | {"plan"} | fields), "a scaling study takes")
-    if spec.get("declared"):
-        raise StudyFileError(f"{path}: a declared scaling study is not offered yet (its runs do not record the study "
-                             "file); declare its plan in OUT/analysis_plan.json and set declared = false.")
     values = {k: v for k, v in spec.items() if k in fields}
     for key in ("sizes", "variants", "lrs"):
         if isinstance(values.get(key), list):
@@ -231,14 +228,17 @@ def runs_older_than_plan(study: Study) -> list[str]:
     result recorded before the commit that declared it. Empty for a study whose every run followed its plan."""
     record = study.record()
     problems = []
-    for result in sorted(Path(study.args.out).glob("*/result.json")):
+    out = Path(study.args.out)  # a compare run's result.json, or a scaling run's summary.json, holds its provenance
+    found = out.glob("*/result.json") if isinstance(study.args, CompareArgs) else out.rglob("summary.json")
+    for result in sorted(found):
         run = json.loads(result.read_text())
         made = (run.get("provenance") or {}).get("study") or {}
+        where = result.parent.relative_to(out)
         if made.get("sha256") != study.sha256:
-            problems.append(f"{result.parent.name}: made under " + (f"another version of {study.path} (sha256 "
+            problems.append(f"{where}: made under " + (f"another version of {study.path} (sha256 "
                             f"{made['sha256'][:12]})" if made.get("sha256") else "no study file"))
         elif record.get("plan_committed_at") and run["provenance"]["recorded_at"] < _utc(record["plan_committed_at"]):
-            problems.append(f"{result.parent.name}: recorded {run['provenance']['recorded_at']}, before the plan's "
+            problems.append(f"{where}: recorded {run['provenance']['recorded_at']}, before the plan's "
                             f"commit {record['plan_commit'][:7]} ({record['plan_committed_at']})")
     return problems
 
@@ -263,7 +263,8 @@ def run_study(path: str | Path, *, report_only: bool = False, progress: bool = T
     if isinstance(args, ScalingArgs):
         from .scaling import run_scaling
 
-        return {**run_scaling(args, progress), "older_than_plan": [], "out": args.out}
+        results = run_scaling(args, progress, study=study.record() if study.declared else None)
+        return {**results, "older_than_plan": runs_older_than_plan(study) if study.declared else [], "out": args.out}
     report = run_compare(args, progress, preset=study.preset, study=study.record())
     report["older_than_plan"] = runs_older_than_plan(study) if study.declared else []
     report["out"] = args.out  # where this pass wrote (results.json's args say where the runs were made)

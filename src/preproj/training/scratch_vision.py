@@ -5,7 +5,7 @@ checkpoints, resume). A token is a patch (a tubelet for clips).
 - mnist: the image classifier on MNIST's train split (valid for the held-out loss).
 - moving-mnist: next-frame prediction on Moving MNIST clips (preproj.images.ClipSet): the first --context frames
   given, the per-pixel loss on the frames that follow.
-- moving-mnist-direction: which way the first digit moves, from the whole clip (order matters).
+- moving-mnist-direction: which way the digit of a one-digit clip moves, from the whole clip (order matters).
 
 A plain baseline matched by parameters or FLOPs widens the MLP as text's does (the counts differ from text's only by
 terms that do not depend on the MLP width). Validate scores every valid and test example; each test example's loss
@@ -170,9 +170,11 @@ def _split(task: str, split: str, shape, data_dir) -> Split:
     if task == "mnist":
         images, labels = mnist(split, data_dir)
         return Split(torch.from_numpy(images).unsqueeze(1), torch.from_numpy(labels).long())
-    clips = ClipSet(split, data_dir, CLIPS[split], frames=shape.frames, context=shape.context)
     if shape.objective == "next-frame":
+        clips = ClipSet(split, data_dir, CLIPS[split], frames=shape.frames, context=shape.context)
         return Split(clips.view("context"), clips.view("future"))
+    # one digit: with two, "the first digit" would be a label the clip cannot show
+    clips = ClipSet(split, data_dir, CLIPS[split], frames=shape.frames, digits=1)
     return Split(clips.view("clip"), clips.view("direction"))
 
 

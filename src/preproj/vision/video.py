@@ -9,8 +9,9 @@ Two objectives on one body:
   mask embedding each, told apart only by their RoPE positions, and the head turns each into its tubelet's pixel
   logits. The loss is the per-pixel binary cross-entropy against the true frames (pixels as value / 255), as
   Srivastava et al. (2015) scored Moving MNIST.
-- **direction**: the whole clip is given, and a mean over the tokens classifies which way the first digit moves
-  (preproj.images.direction_class): a task where the order of the frames carries the answer.
+- **direction**: the whole clip is given, and a mean over the tokens classifies which way its first digit moves
+  (preproj.images.direction_class; `pretrain` gives this task one-digit clips): a task where the order of the frames
+  carries the answer.
 
 3-D RoPE: each head's rotated pairs are dealt to the three axes in turn (pair j to axis j mod 3), each axis with its own
 geometric ladder of frequencies from 1 down to 1/theta, as Pixtral deals its pairs to rows and columns.
