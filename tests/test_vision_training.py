@@ -255,3 +255,30 @@ def test_a_diverged_sweep_point_loses_the_sweep_and_is_not_retried(data, tmp_pat
     calls.clear()
     scaling.run_scaling(grid, progress=False)
     assert calls == []  # every run, the diverged point included, is read back
+
+
+@pytest.mark.parametrize("task", ["mnist", "moving-mnist"])
+def test_attention_spread_evenly_measures_the_uniform_distance_and_an_even_share(task):
+    """With Q zeroed every score is equal, so every layer spreads its attention evenly: the probe must give the
+    grid's mean pairwise distance and 1/T to every position. Scrambled queries give other values."""
+    from preproj.training.scratch_vision import Split, attention_by_depth
+
+    shape = vision_shape(PretrainArgs(task=task, layers=2, d_model=24, heads=2, **TASK_SHAPES[task]))
+    torch.manual_seed(0)
+    model = (ImageClassifier if task == "mnist" else ClipTransformer)(shape)
+    inputs = torch.randint(0, 256, (5, 1, 28, 28) if task == "mnist" else (5, 4, 64, 64), dtype=torch.uint8)
+    split = Split(inputs, torch.zeros(5, dtype=torch.long))
+    with torch.no_grad():
+        for layer in model.encoder.transformer.layers:
+            layer.attention.q_proj.weight.zero_()
+    even = attention_by_depth(model, split, 2, torch.device("cpu"))
+    tokens = len(even["received"][0])
+    assert even["distance"] == pytest.approx([even["uniform_distance"]] * 2, rel=1e-5)
+    assert all(x == pytest.approx(1 / tokens, abs=1e-6) for row in even["received"] for x in row)
+    with torch.no_grad():
+        for layer in model.encoder.transformer.layers:
+            layer.attention.q_proj.weight.normal_(std=3.0)
+            layer.attention.k_proj.weight.normal_(std=3.0)
+    sharp = attention_by_depth(model, split, 2, torch.device("cpu"))
+    assert abs(sharp["distance"][0] - even["uniform_distance"]) > 1e-3
+    assert model.encoder.config._attn_implementation != "eager"  # put back as it was

@@ -88,6 +88,13 @@ def vision_markdown(results: dict) -> str:
                          f"{_mean_sd(v['test_loss'], digits=4)} | {_mean_sd(v['shuffled_test_loss'], digits=4)} |"
                          + (f" {_mean_sd(v['test_accuracy'], digits=4)} | "
                             f"{_mean_sd(v['shuffled_test_accuracy'], digits=4)} |" if accuracy else ""))
+        distances = {variant: _layer_means(v.get("attention_distance")) for variant, v in variants.items()}
+        if any(distances.values()):
+            even = next(iter(variants.values()))["uniform_attention_distance"]
+            lines += ["", "Mean attention distance by layer, in tokens (over heads, queries, 256 test items and the "
+                          f"seeds; attention spread evenly gives {even:.2f}; attention_distance.png): "
+                      + "; ".join(f"{variant} " + ", ".join(f"{x:.2f}" for x in d)
+                                  for variant, d in distances.items() if d) + "."]
         for family in plan["families"]:
             reference, rows = family["reference"], entry["paired"].get(family["reference"], {})
             if rows:
@@ -96,7 +103,7 @@ def vision_markdown(results: dict) -> str:
                           for metric, m in by_metric.items()]
         lines.append("")
     lines += ["![loss versus tokens](loss_vs_tokens.png)", "![loss versus FLOPs](loss_vs_flops.png)",
-              "![skip norms](skip_norms.png)"]
+              "![skip norms](skip_norms.png)", "![attention distance](attention_distance.png)"]
     return "\n".join(lines) + "\n"
 
 
@@ -192,6 +199,10 @@ def plots(out: Path, results: dict) -> None:
         save_figure(fig, out / f"{name}.png", dpi=110)
         plt.close(fig)
     _by_layer(plt, out / "skip_norms.png", sizes, "skip_norms", "||W_skip||_F, mean over seeds")
+    if results["args"].get("task", "text") != "text":
+        even = next(iter(sizes[0][1]["variants"].values()))["uniform_attention_distance"]
+        _by_layer(plt, out / "attention_distance.png", sizes, "attention_distance",
+                  "mean attention distance (tokens), mean over seeds", even=even)
     if _has_sink(results):
         _by_layer(plt, out / "sink.png", sizes, "first_token_attention",
                   "attention on the first token, mean over seeds",

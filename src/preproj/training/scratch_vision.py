@@ -43,6 +43,7 @@ CLIPS = {"train": 20_000, "valid": 1_000, "test": 1_000}
 """Moving MNIST clips per split (each drawn from that split's digits only)."""
 SHUFFLE_SEED = 20151  # the probe's permutations: fixed, so that every run is scored on the same shuffled inputs
 DEFAULT_PATCH = {"mnist": 4, "moving-mnist": 8, "moving-mnist-direction": 8}
+ATTENTION_ITEMS = 256  # test items the attention probe averages over
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,9 @@ def pretrain_images(args: PretrainArgs, progress: bool = True) -> tuple[dict, nn
             key = task if name == "test" else f"{task}_shuffled"
             items[key] = [{"task": key, "index": i, "loss": float(loss[i]),
                            **({"acc": float(correct[i])} if correct is not None else {})} for i in range(len(loss))]
+    attention = attention_by_depth(model, test.head(ATTENTION_ITEMS), args.batch_size, device)
     summary.update({"pretrain": asdict(args), "shape": asdict(shape), **counts, "data": data[1], "scores": scores,
+                    "attention": attention,
                     "loss": {k: v["loss"] for k, v in scores.items()},
                     **({"accuracy": {k: v["accuracy"] for k, v in scores.items()}} if correct is not None else {})})
     if r.is_main:
@@ -212,3 +215,46 @@ def _given_tokens(shape) -> int:
 
 def _permutation(index: int, tokens: int) -> torch.Tensor:
     return torch.randperm(tokens, generator=torch.Generator().manual_seed(SHUFFLE_SEED + index))
+
+
+@torch.no_grad()
+def attention_by_depth(model: nn.Module, split: Split, batch_size: int, device: torch.device) -> dict:
+    """Where each layer attends, in float32 eager attention over `split`'s items: the mean distance between a query
+    and the tokens it attends to (in patches; over (time, row, column) for clips), with the distance attention spread
+    evenly would give, and the attention each token position receives (mean over heads, queries and items)."""
+    was, implementation = model.training, model.encoder.config._attn_implementation
+    model.eval()
+    model.encoder.set_attn_implementation("eager")
+    layers = model.encoder.transformer.layers
+    seen: list[torch.Tensor] = []
+    hooks = [getattr(layer.attention, "base_layer", layer.attention).register_forward_hook(
+        lambda module, args, out: seen.append(out[1].float().mean(dim=1).sum(dim=0))) for layer in layers]  # (T, T)
+    try:
+        received = None
+        for start in range(0, len(split), batch_size):
+            index = list(range(start, min(start + batch_size, len(split))))
+            model(split.inputs[index].to(device))
+            batch = torch.stack(seen)  # (layers, queries, keys), summed over the batch
+            seen.clear()
+            received = batch if received is None else received + batch
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.encoder.set_attn_implementation(implementation)
+        model.train(was)
+    weights = received.cpu() / len(split)  # (layers, T, T), mean over items
+    positions = _positions(model.shape).float()
+    distance = torch.cdist(positions, positions)  # (T, T)
+    return {"distance": [float((w * distance).sum(dim=1).mean()) for w in weights],
+            "uniform_distance": float(distance.mean()),
+            "received": [[round(float(x), 6) for x in w.mean(dim=0)] for w in weights]}
+
+
+def _positions(shape) -> torch.Tensor:
+    """Each token's (row, column), or (time, row, column) for clips, in the order the blocks see them."""
+    grid = torch.arange(shape.grid)
+    if isinstance(shape, ClipShape):
+        axes = torch.meshgrid(torch.arange(shape.frames // shape.tubelet), grid, grid, indexing="ij")
+    else:
+        axes = torch.meshgrid(grid, grid, indexing="ij")
+    return torch.stack([a.flatten() for a in axes], dim=-1)
