@@ -282,3 +282,22 @@ def test_attention_spread_evenly_measures_the_uniform_distance_and_an_even_share
     sharp = attention_by_depth(model, split, 2, torch.device("cpu"))
     assert abs(sharp["distance"][0] - even["uniform_distance"]) > 1e-3
     assert model.encoder.config._attn_implementation != "eager"  # put back as it was
+
+
+@pytest.mark.parametrize("model_type", [ImageClassifier, ClipTransformer])
+def test_inspect_shows_where_the_modules_sit_in_a_vision_run_and_text_commands_refuse_it(model_type, tmp_path,
+                                                                                      capsys):
+    task = "mnist" if model_type is ImageClassifier else "moving-mnist"
+    from preproj.methods.registry import save_model_dir
+
+    shape = vision_shape(PretrainArgs(task=task, layers=2, d_model=24, heads=2, **TASK_SHAPES[task]))
+    save_model_dir(build_method(model_type(shape), "preproj+skip"), "preproj+skip", tmp_path / "run")
+    assert main(["inspect", "--model", str(tmp_path / "run"), "--mode", "preproj+skip"]) == 0
+    said = capsys.readouterr().out
+    assert "encoder.transformer.layers.1.attention encoder.transformer.layers.1.attention_norm" in said
+    assert "no K/V cache" in said and "(pixtral family)" in said
+    for command in (["export", "--out", str(tmp_path / "exported")], ["eval", "--tasks", "lambada"]):
+        assert main([command[0], "--model", str(tmp_path / "run"), *command[1:]]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"holds a preproj vision model ({model_type.model_type}), not a language model" in err
+    assert not (tmp_path / "exported").exists()

@@ -87,14 +87,20 @@ def _field_docs(cls) -> dict[str, str]:
 def _inspect(ns: argparse.Namespace) -> int:
     from .experiments.inspection import InspectArgs, check_inspect_args, format_report, inspect_model
     from .runtime.loading import load_model
+    from .runtime.precision import resolve_device
+    from .vision import load_vision_run
 
     args = _args(ns, InspectArgs)
     check_inspect_args(args)  # a typo in --mode is found before the model loads
     start = time.monotonic()
     print(f"loading {args.model} ...", file=sys.stderr)
-    model, tokenizer = load_model(args.model, dtype=args.precision, device=args.device,
-                                  trust_remote_code=args.trust_remote_code)
-    print(f"measuring (K/V cache at {args.context} tokens, greedy samples) ...", file=sys.stderr)
+    vision = load_vision_run(args.model)
+    if vision is not None:
+        model, tokenizer = vision.to(resolve_device(args.device)).eval(), None
+    else:
+        model, tokenizer = load_model(args.model, dtype=args.precision, device=args.device,
+                                      trust_remote_code=args.trust_remote_code)
+        print(f"measuring (K/V cache at {args.context} tokens, greedy samples) ...", file=sys.stderr)
     report = inspect_model(model, tokenizer, args)
     print(format_report(report))
     if ns.out:
@@ -102,8 +108,8 @@ def _inspect(ns: argparse.Namespace) -> int:
         print(f"\nwrote {ns.out}")
     kv = report["kv_cache"]
     print(f"\nsummary: {report['added']['total'] / 1e6:.1f}M parameters added "
-          f"({report['added']['percent_of_total']:.1f}%), K/V cache ratio {kv['ratio']:.3f}, "
-          f"{time.monotonic() - start:.0f}s")
+          f"({report['added']['percent_of_total']:.1f}%)" + (f", K/V cache ratio {kv['ratio']:.3f}" if kv else "")
+          + f", {time.monotonic() - start:.0f}s")
     return 0
 
 

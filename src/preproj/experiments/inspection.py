@@ -90,14 +90,18 @@ def inspect_model(model: nn.Module, tokenizer, args: InspectArgs) -> dict:
         for i, w in adapted_layers(adapted)
     ]
     added = trainable_parameters(adapted)
-    vocab = model.config.vocab_size
-    with p.compute_context(_device(model)):
-        kv_base, kv_adapted = kv_cache_bytes(model, args.context, vocab), kv_cache_bytes(adapted, args.context, vocab)
-        samples = {
-            "prompt": args.prompt,
-            "base": greedy_sample(model, tokenizer, args.prompt, args.new_tokens),
-            "adapted (paper init)": greedy_sample(adapted, tokenizer, args.prompt, args.new_tokens),
-        }
+    kv, samples = None, None  # a vision model (preproj.vision) keeps no cache and generates nothing
+    if tokenizer is not None:
+        vocab = model.config.vocab_size
+        with p.compute_context(_device(model)):
+            kv_base, kv_adapted = (kv_cache_bytes(m, args.context, vocab) for m in (model, adapted))
+            samples = {
+                "prompt": args.prompt,
+                "base": greedy_sample(model, tokenizer, args.prompt, args.new_tokens),
+                "adapted (paper init)": greedy_sample(adapted, tokenizer, args.prompt, args.new_tokens),
+            }
+        kv = {"context": args.context, "base_bytes": kv_base, "adapted_bytes": kv_adapted,
+              "ratio": kv_adapted / kv_base}
     return {
         "model": args.model,
         "model_type": model.config.model_type,
@@ -113,8 +117,7 @@ def inspect_model(model: nn.Module, tokenizer, args: InspectArgs) -> dict:
             "total": added,
             "percent_of_total": 100.0 * added / (base_params + added),
         },
-        "kv_cache": {"context": args.context, "base_bytes": kv_base, "adapted_bytes": kv_adapted,
-                     "ratio": kv_adapted / kv_base},
+        "kv_cache": kv,
         "samples": samples,
         "precision": p.name,
         "device": str(_device(model)),
@@ -141,16 +144,20 @@ def format_report(r: dict) -> str:
         lines.append(f"{row['layer']:>5}  {row['attention']:<28} {row['reads']:<34} "
                      f"{row['preproj']:>9,} {row['skip']:>9,}")
     a, kv = r["added"], r["kv_cache"]
+    lines += ["", f"parameters added: pre-proj {_m(a['preproj'])} + skip {_m(a['skip'])} = {_m(a['total'])} "
+                  f"({a['percent_of_total']:.1f}% of base+new)"]
+    if kv:
+        lines += [
+            f"K/V cache at {kv['context']} tokens: base {kv['base_bytes']:,} B, adapted {kv['adapted_bytes']:,} B "
+            f"(ratio {kv['ratio']:.3f})",
+            "",
+            f"greedy sample, prompt {r['samples']['prompt']!r}:",
+            f"  base:                 {r['samples']['base']!r}",
+            f"  adapted (paper init): {r['samples']['adapted (paper init)']!r}",
+        ]
+    else:
+        lines.append("a vision model: bidirectional attention over whole inputs, no K/V cache and no samples")
     lines += [
-        "",
-        f"parameters added: pre-proj {_m(a['preproj'])} + skip {_m(a['skip'])} = {_m(a['total'])} "
-        f"({a['percent_of_total']:.1f}% of base+new)",
-        f"K/V cache at {kv['context']} tokens: base {kv['base_bytes']:,} B, adapted {kv['adapted_bytes']:,} B "
-        f"(ratio {kv['ratio']:.3f})",
-        "",
-        f"greedy sample, prompt {r['samples']['prompt']!r}:",
-        f"  base:                 {r['samples']['base']!r}",
-        f"  adapted (paper init): {r['samples']['adapted (paper init)']!r}",
         "",
         "supported families: " + "; ".join(f"{k} ({', '.join(v['model_types'])}: {v['layers']}.N.{v['attention']})"
                                            for k, v in r["supported_families"].items()),

@@ -150,6 +150,19 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype:
     return table[dtype]
 
 
+def refuse_vision_run(name: str) -> None:
+    """A `preproj pretrain --task mnist|moving-mnist...` directory is not a language model: say what loads it."""
+    try:
+        model_type = json.loads((Path(name) / "config.json").read_text()).get("model_type", "")
+    except (OSError, ValueError, AttributeError):
+        return
+    if str(model_type).startswith("preproj-"):
+        raise ModelLoadError(f"{name!r} holds a preproj vision model ({model_type}), not a language model: load it "
+                             "with preproj.vision's ImageClassifier or ClipTransformer .from_pretrained, and "
+                             "load_adapter(model, DIR/adapter); of the commands, `inspect` takes it, `eval`, `export` "
+                             "and `train` take language models (docs/guide/vision.md).")
+
+
 def load_model(name: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = torch.float32,
                device: str | torch.device = "auto", trust_remote_code: bool = False):
     """(model, tokenizer) for the embedded default, a Hugging Face hub id or a local directory.
@@ -161,6 +174,7 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = torch.fl
 
     device = resolve_device(device)
     check_model_source(name)
+    refuse_vision_run(name)
     path = _dequantised_checkpoint(name) if name in EMBEDDED else name
     if not trust_remote_code:
         refuse_own_code(name)
