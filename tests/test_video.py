@@ -127,3 +127,31 @@ def test_a_clip_set_makes_the_same_clips_for_an_index_and_keeps_the_splits_apart
     test = ClipSet("test", data_dir(), 100, frames=6)
     assert not np.array_equal(test.clips([0]).frames, train.clips([0]).frames)
     assert np.array_equal(test.images, mnist("test", data_dir())[0])  # a test clip's digits come from the test pool
+
+
+@pytest.mark.parametrize("objective", SHAPES)
+def test_a_learned_position_replaces_rope_and_moves_with_a_carried_permutation(objective):
+    """position="learned": RoPE is off (with the table zeroed nothing knows where a token is, so even a permutation
+    that keeps positions in place changes no class and moves the predicted frames only with the tokens), and a
+    permutation that carries positions along changes nothing."""
+    from dataclasses import asdict
+
+    torch.manual_seed(0)
+    model = ClipTransformer(ClipShape(**{**asdict(SHAPES[objective]), "position": "learned"})).eval()
+    with torch.no_grad():  # sharper attention and larger positions than at initialisation, so that position shows
+        model.position.table.mul_(50)
+        for layer in model.encoder.transformer.layers:
+            layer.attention.q_proj.weight.mul_(10)
+            layer.attention.k_proj.weight.mul_(10)
+    clips, given = _clips(objective), SHAPES[objective].given_frames // 2 * 16
+    order = torch.randperm(given, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out, carried = model(clips), model(clips, order=order)
+        kept = model(clips, order=order, keep_positions=True)
+        assert torch.allclose(carried, out, atol=1e-5) and (kept - out).abs().max() > 1e-4
+        model.position.table.zero_()
+        blind, blind_kept = model(clips), model(clips, order=order, keep_positions=True)
+    if objective == "direction":
+        assert torch.allclose(blind_kept, blind, atol=1e-5)
+    else:  # the mask tokens are all alike: every predicted tubelet is the same, wherever the context sits
+        assert torch.allclose(blind_kept, blind, atol=1e-5) and torch.allclose(blind[:, :2], blind[:, 2:], atol=1e-5)

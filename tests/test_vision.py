@@ -75,3 +75,18 @@ def test_a_shape_that_cannot_work_is_refused_in_one_line(bad, message):
 def test_images_of_the_wrong_size_or_channels_are_refused_in_one_line():
     with pytest.raises(ValueError, match=r"images must be \(batch, 1, 28, 28\), got \(2, 3, 28, 28\)"):
         _model()(torch.zeros(2, 3, 28, 28))
+
+
+def test_a_learned_position_replaces_rope_in_the_image_classifier():
+    torch.manual_seed(0)
+    model = ImageClassifier(VisionShape(layers=2, d_model=64, heads=4, position="learned")).eval()
+    images = torch.randn(3, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+    order = torch.randperm(49, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        logits, carried = model(images), model(images, order=order)
+        kept = model(images, order=order, keep_positions=True)
+        assert torch.allclose(carried, logits, atol=1e-5) and (kept - logits).abs().max() > 1e-5
+        model.position.table.zero_()  # no position anywhere: RoPE is off
+        assert torch.allclose(model(images, order=order, keep_positions=True), model(images), atol=1e-5)
+    with pytest.raises(ValueError, match="position must be one of rope, learned"):
+        VisionShape(position="sinusoidal")

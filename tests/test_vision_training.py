@@ -301,3 +301,11 @@ def test_inspect_shows_where_the_modules_sit_in_a_vision_run_and_text_commands_r
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert f"holds a preproj vision model ({model_type.model_type}), not a language model" in err
     assert not (tmp_path / "exported").exists()
+
+
+def test_a_vision_run_with_a_learned_position_trains_and_reloads(data, tmp_path):
+    summary, model = pretrain(tiny(data, tmp_path / "run", position="learned", epochs=1), progress=False)
+    assert summary["shape"]["position"] == "learned" and model.position.table.requires_grad
+    reloaded = ImageClassifier.from_pretrained(tmp_path / "run")
+    assert reloaded.shape.position == "learned"
+    assert torch.equal(reloaded.position.table, load_file(tmp_path / "run" / "model.safetensors")["position.table"])

@@ -69,6 +69,8 @@ class ScalingArgs:
     """moving-mnist: frames given."""
     tubelet: int = 2
     """Moving MNIST: frames per token."""
+    position: str = "rope"
+    """Vision tasks: rope or learned, as `preproj pretrain --position`."""
     data: str = "wikitext2-train"
     """Training text (raw valid scores selection-free validation, raw test the reported perplexity)."""
     data_dir: str | None = None

@@ -92,6 +92,9 @@ class PretrainArgs:
     tubelet: int = 2
     """Moving MNIST: frames per token (a tubelet of tubelet x patch x patch pixels); it must divide --frames and
     --context."""
+    position: str = "rope"
+    """Vision tasks: rope (2-D or 3-D RoPE inside attention: the modules see no position) or learned (a learned absolute
+    embedding added before the blocks, as ViT's: the norm the modules read then carries position)."""
     seq_len: int = 256
     """Tokens per sequence (also the model's context)."""
     batch_size: int = 8

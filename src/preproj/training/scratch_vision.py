@@ -67,7 +67,7 @@ def vision_shape(args: PretrainArgs) -> VisionShape | ClipShape:
     """The task's shape; a matched plain model gets the MLP width that text's rule solves for."""
     patch = args.patch_size or DEFAULT_PATCH[args.task]
     common = dict(patch_size=patch, layers=args.layers, d_model=args.d_model, heads=args.heads,
-                  intermediate=args.intermediate_size)
+                  intermediate=args.intermediate_size, position=args.position)
     if args.task == "mnist":
         shape = VisionShape(image_size=28, channels=1, **common)
     else:

@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .directory import SavedAsDirectory
+from .position import LearnedPosition, check_position, no_rotation
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,11 @@ class VisionShape:
     intermediate: int | None = None
     """MLP width (default 8/3 d rounded up to a multiple of 16, as text's from-scratch models)."""
     classes: int = 10
+    position: str = "rope"
+    """rope (2-D RoPE inside attention) or learned (an absolute embedding added before the blocks; position.py)."""
 
     def __post_init__(self):
+        check_position(self.position)
         for name in ("image_size", "patch_size", "channels", "layers", "d_model", "heads", "classes"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -85,6 +89,8 @@ class ImageClassifier(SavedAsDirectory, nn.Module):
         self.config = self.encoder.config  # model_type "pixtral": the family table's row
         self.norm = nn.RMSNorm(shape.d_model, eps=1e-5)  # Pixtral's own norms' eps
         self.head = nn.Linear(shape.d_model, shape.classes)
+        if shape.position == "learned":
+            self.position = LearnedPosition(shape.grid ** 2, shape.d_model)
 
     def example_input(self) -> dict:
         """One blank image: what the family table's structural check runs the model on."""
@@ -114,7 +120,11 @@ class ImageClassifier(SavedAsDirectory, nn.Module):
         elif order is not None:
             x = x[:, order]
             positions = positions if keep_positions else positions[order]
-        cos, sin = encoder.patch_positional_embedding(x, positions)
+        if s.position == "learned":
+            x = self.position(x, positions[:, 0] * s.grid + positions[:, 1])
+            cos, sin = no_rotation(x.shape[1], s.d_model // s.heads, x)
+        else:
+            cos, sin = encoder.patch_positional_embedding(x, positions)
         hidden = encoder.transformer(x, attention_mask=None, position_embeddings=(cos, sin)).last_hidden_state
         logits = self.head(self.norm(hidden.mean(dim=1)))
         return logits if labels is None else F.cross_entropy(logits.float(), labels)

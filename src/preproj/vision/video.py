@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .directory import SavedAsDirectory
+from .position import LearnedPosition, check_position, no_rotation
 
 OBJECTIVES = ("next-frame", "direction")
 ROPE_THETA = 10000.0
@@ -50,8 +51,11 @@ class ClipShape:
     intermediate: int | None = None
     """MLP width (default 8/3 d rounded up to a multiple of 16)."""
     classes: int = 4
+    position: str = "rope"
+    """rope (3-D RoPE inside attention) or learned (an absolute embedding added before the blocks; position.py)."""
 
     def __post_init__(self):
+        check_position(self.position)
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}.")
         for name in ("frames", "context", "size", "tubelet", "patch_size", "channels", "layers", "d_model", "heads",
@@ -129,6 +133,8 @@ class ClipTransformer(SavedAsDirectory, nn.Module):
             self.head = nn.Linear(s.d_model, s.tubelet * s.patch_size ** 2 * s.channels)
         else:
             self.head = nn.Linear(s.d_model, s.classes)
+        if s.position == "learned":
+            self.position = LearnedPosition(s.tokens, s.d_model)
         t, r, c = torch.meshgrid(torch.arange(s.frames // s.tubelet), torch.arange(s.grid), torch.arange(s.grid),
                                  indexing="ij")
         self.register_buffer("positions", torch.stack([t.flatten(), r.flatten(), c.flatten()], -1), persistent=False)
@@ -159,9 +165,12 @@ class ClipTransformer(SavedAsDirectory, nn.Module):
             positions = positions if keep_positions else torch.cat([positions[:given][order], positions[given:]])
         if s.objective == "next-frame":
             x = torch.cat([x, self.mask.to(x.dtype).expand(x.shape[0], s.tokens - given, -1)], dim=1)
-        cos, sin = rope_3d(positions, s.d_model // s.heads)
-        hidden = encoder.transformer(x, attention_mask=None,
-                                     position_embeddings=(cos.to(x.dtype), sin.to(x.dtype))).last_hidden_state
+        if s.position == "learned":
+            x = self.position(x, (positions[:, 0] * s.grid + positions[:, 1]) * s.grid + positions[:, 2])
+            cos, sin = no_rotation(x.shape[1], s.d_model // s.heads, x)
+        else:
+            cos, sin = (t.to(x.dtype) for t in rope_3d(positions, s.d_model // s.heads))
+        hidden = encoder.transformer(x, attention_mask=None, position_embeddings=(cos, sin)).last_hidden_state
         if s.objective == "direction":
             logits = self.head(self.norm(hidden.mean(dim=1)))
             return logits if labels is None else F.cross_entropy(logits.float(), labels)
