@@ -227,7 +227,7 @@ ALLOWED_LITERALS = {
     "precision.py": "the device vocabulary itself",
     ("adapter.py", "save_adapter"): "safetensors writes from host memory",
     ("training.py", "_restore_rng"): "RNG states are host byte tensors",
-    ("retrain.py", "trained_weights_digest"): "hashes the weights' bytes in host memory",
+    ("loading.py", "trained_weights_digest"): "hashes the weights' bytes in host memory",
     ("cli.py", "_export"): "an export is assembled and written from host memory",
 }
 DEVICE_WORDS = {"cpu", "cuda", "mps"}

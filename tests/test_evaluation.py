@@ -440,3 +440,29 @@ def test_evaluate_scores_a_lora_merged_as_preproj_eval_does_and_gives_the_model_
     assert not any(m.merged for m in layers)
     after = lora.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before), "the weights are bit for bit what they were"
+
+
+def test_evaluate_given_eval_args_is_preproj_eval(tmp_path, capsys):
+    """`evaluate(EvalArgs(...))` loads what the arguments name and writes what `preproj eval` writes: the same
+    numbers and the same per-item records."""
+    import json
+
+    from conftest import tiny_model_dir
+
+    from preproj.cli import main
+    from preproj.evaluation.runner import EvalArgs, evaluate
+
+    if data_dir() is None:
+        pytest.skip("../shared/data is not here")
+    model = tiny_model_dir(tmp_path / "model", ["the quick brown fox jumps over the lazy dog"] * 50)
+    common = dict(model=str(model), tasks="lambada,arc_easy", limit=5, max_length=64, device="cpu",
+                  data_dir=str(data_dir()), items=True)
+    results = evaluate(EvalArgs(**common, out=str(tmp_path / "api.json")), progress=False)
+    assert main(["eval", "--model", str(model), "--tasks", "lambada,arc_easy", "--limit", "5", "--max-length", "64",
+                 "--device", "cpu", "--data-dir", str(data_dir()), "--items", "--out", str(tmp_path / "cli.json")]) == 0
+    assert "summary: lambada acc" in capsys.readouterr().out
+    cli = json.loads((tmp_path / "cli.json").read_text())
+    assert cli["tasks"] == results["tasks"] and results["tasks"]["lambada"]["n"] == 5
+    assert (tmp_path / "cli.items.jsonl").read_text() == (tmp_path / "api.items.jsonl").read_text()
+    with pytest.raises(ValueError, match="--items writes next to --out"):
+        evaluate(EvalArgs(**common))

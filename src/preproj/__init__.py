@@ -10,7 +10,7 @@ from .core.attach import attach, detach, skip_norms, trainable_parameters  # noq
 from .core.config import PreProjConfig  # noqa: E402
 from .core.families import supported_model_types  # noqa: E402
 from .data import DataNotFound  # noqa: E402
-from .evaluation.runner import evaluate  # noqa: E402
+from .evaluation.runner import EvalArgs, evaluate  # noqa: E402
 from .evaluation.tasks import Metric, Task, register_task  # noqa: E402
 from .methods.registry import Method, register_method  # noqa: E402
 from .runtime.files import RunInUse, WriteFailed  # noqa: E402
@@ -36,6 +36,7 @@ __all__ = [
     "save_adapter",
     "load_adapter",
     "load_model",
+    "EvalArgs",
     "evaluate",
     "export",
     "supported_model_types",

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import shlex
 import signal
@@ -115,42 +114,24 @@ def _inspect(ns: argparse.Namespace) -> int:
 
 def _load(model_name: str, adapter: str | None, precision: str = "fp32", device: str = "auto",
           trust_remote_code: bool = False):
-    from .core.adapter import load_adapter
+    from .evaluation.runner import load_scored
     from .runtime import distributed as ddist
-    from .runtime.loading import load_model
-    from .runtime.precision import precision as as_precision
     from .runtime.precision import resolve_device
 
-    p, device = as_precision(precision), resolve_device(device)
-    ddist.main_prints(ddist.setup(device))
-    print(f"loading {model_name}" + (f" + adapter {adapter}" if adapter else "") + f" ({p.name}, {device}) ...",
-          file=sys.stderr)
-    model, tokenizer = load_model(model_name, dtype=p.weights, device=device, trust_remote_code=trust_remote_code)
-    if adapter:
-        model = load_adapter(model, adapter, dtype=p.adapter)  # a PeftModel for the LoRA baselines
-    return model, tokenizer
+    ddist.main_prints(ddist.setup(resolve_device(device)))
+    return load_scored(model_name, adapter, precision, device, trust_remote_code)
 
 
 def _eval(ns: argparse.Namespace) -> int:
-    from .evaluation.runner import EvalArgs, evaluate, format_results, parse_tasks
+    from .evaluation.runner import EvalArgs, evaluate, format_results, items_path
+    from .runtime import distributed as ddist
+    from .runtime.precision import resolve_device
 
     args = _args(ns, EvalArgs)
-    parse_tasks(args.tasks)  # fail on a typo before loading anything
-    if args.items and not args.out:
-        raise ValueError("--items writes next to --out; give --out too.")
-    items_out = str(Path(args.out).with_suffix("")) + ".items.jsonl" if args.items else None
     start = time.monotonic()
-    model, tokenizer = _load(args.model, args.adapter, args.precision, args.device, args.trust_remote_code)
-    journal, key = None, ""
-    if args.out:  # a stopped evaluation resumes at the batch it was in, if the weights are the same ones
-        from .experiments.retrain import trained_weights_digest
-
-        journal = args.out + ".journal"
-        key = json.dumps([args.model, args.adapter, args.merge_lora, trained_weights_digest(model)])
-    results = evaluate(model, tokenizer, args.tasks, protocol=args.protocol, limit=args.limit, data_dir=args.data_dir,
-                       max_length=args.max_length, batch_tokens=args.batch_tokens, precision=args.precision,
-                       model_name=args.model, adapter=args.adapter, out=args.out, items_out=items_out,
-                       journal=journal, journal_key=key, compile=args.compile, merge_lora=args.merge_lora)
+    ddist.main_prints(ddist.setup(resolve_device(args.device)))
+    results = evaluate(args)
+    items_out = items_path(args)
     print(format_results(results))
     if args.out:
         print(f"wrote {args.out}" + (f" and {items_out}" if items_out else ""))

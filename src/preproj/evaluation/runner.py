@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,18 +12,20 @@ from pathlib import Path
 from torch import nn
 
 from .. import data
-from ..core.adapter import describe_adapter
+from ..core.adapter import describe_adapter, load_adapter
 from ..core.compiling import compiled_blocks, wants_compile
 from ..methods.lora import merged_lora
 from ..runtime import distributed as ddist
 from ..runtime.files import read_jsonl, write_json, write_jsonl
-from ..runtime.loading import model_max_length
-from ..runtime.precision import check_weights_dtype
+from ..runtime.loading import load_model, model_max_length, trained_weights_digest
+from ..runtime.precision import check_weights_dtype, resolve_device
 from ..runtime.precision import precision as as_precision
 from ..runtime.provenance import provenance
-from ..runtime.validation import check_value, check_within_context
+from ..runtime.validation import check_args, check_value, check_within_context
 from .engine import LogLikelihood
 from .tasks import PAPER_LIMIT, PROTOCOLS, TASK_TABLE, default_tasks, run_task
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -83,13 +87,50 @@ def parse_tasks(tasks: str | list[str]) -> list[str]:
     return names
 
 
-def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] | None = None, *, protocol: str = "harness",
+def load_scored(model: str, adapter: str | None = None, precision: str = "fp32", device: str = "auto",
+                trust_remote_code: bool = False):
+    """(model, tokenizer): the base in the precision's dtype on the device, with the adapter loaded onto it (a PeftModel
+    for the LoRA baselines)."""
+    p, device = as_precision(precision), resolve_device(device)
+    ddist.setup(device)
+    logger.info("loading %s%s (%s, %s) ...", model, f" + adapter {adapter}" if adapter else "", p.name, device)
+    base, tokenizer = load_model(model, dtype=p.weights, device=device, trust_remote_code=trust_remote_code)
+    return (load_adapter(base, adapter, dtype=p.adapter) if adapter else base), tokenizer
+
+
+def items_path(args: EvalArgs) -> str | None:
+    """Where `--items` writes the per-item records: OUT's name with .items.jsonl."""
+    return str(Path(args.out).with_suffix("")) + ".items.jsonl" if args.items and args.out else None
+
+
+def evaluate_args(args: EvalArgs, progress: bool = True) -> dict:
+    """`preproj eval`: load the model (and adapter) that `args` name and score them (`evaluate(EvalArgs(...))`). With
+    `args.out`, a stopped evaluation resumes at the batch it was in when it is scoring the same weights."""
+    check_args(args)
+    parse_tasks(args.tasks)  # a typo fails before anything loads
+    if args.items and not args.out:
+        raise ValueError("--items writes next to --out; give --out too.")
+    model, tokenizer = load_scored(args.model, args.adapter, args.precision, args.device, args.trust_remote_code)
+    journal, key = None, ""
+    if args.out:
+        journal = args.out + ".journal"
+        key = json.dumps([args.model, args.adapter, args.merge_lora, trained_weights_digest(model)])
+    return evaluate(model, tokenizer, args.tasks, protocol=args.protocol, limit=args.limit, data_dir=args.data_dir,
+                    max_length=args.max_length, batch_tokens=args.batch_tokens, precision=args.precision,
+                    progress=progress, model_name=args.model, adapter=args.adapter, out=args.out,
+                    items_out=items_path(args), journal=journal, journal_key=key, compile=args.compile,
+                    merge_lora=args.merge_lora)
+
+
+def evaluate(model: nn.Module | EvalArgs, tokenizer=None, tasks: str | list[str] | None = None, *,
+             protocol: str = "harness",
              limit: int | None = None, data_dir: str | Path | None = None, max_length: int | None = None,
              batch_tokens: int = 1024, precision: str = "fp32", progress: bool = True,
              model_name: str | None = None, adapter: str | None = None, out: str | Path | None = None,
              items_out: str | Path | None = None, journal: str | Path | None = None, journal_key: str = "",
              compile: bool | None = None, merge_lora: bool = True) -> dict:
-    """Evaluate `model` (adapted or not) and return the results dict that `preproj eval` writes.
+    """Evaluate `model` (adapted or not) and return the results dict that `preproj eval` writes. Given an EvalArgs
+    instead of a model, load what it names and score it as `preproj eval` does (evaluate_args).
 
     With `out`, the JSON is rewritten (atomically) after every task, so a long run that is stopped
     keeps what it finished. With `items_out`, a JSON Lines file gets one record per item of every task
@@ -100,6 +141,8 @@ def evaluate(model: nn.Module, tokenizer, tasks: str | list[str] | None = None, 
     the model is eager again afterwards. `merge_lora`: score a PEFT LoRA merged into its base weights, as `preproj
     eval` does (the base's cost; the same function up to rounding), and give the model back unmerged, its weights
     exactly as they were."""
+    if isinstance(model, EvalArgs):
+        return evaluate_args(model, progress)
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}.")
     names = parse_tasks(default_tasks() if tasks is None else tasks)

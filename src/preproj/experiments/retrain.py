@@ -9,7 +9,6 @@ a fill stopped part-way resumes its retrain from the last checkpoint.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..runtime.files import kept, read_jsonl
-from ..runtime.loading import load_model
+from ..runtime.loading import load_model, trained_weights_digest
 from ..training import TrainArgs, train
 
 
@@ -91,12 +90,3 @@ def kernels_hint(run_dir: Path) -> str:
         return "it was trained with the kernels this process runs, so something else changed (torch, data, code)"
     return (f"its kernels were not recorded; this process runs {here}, "
             "and ATEN_CPU_CAPABILITY=avx2 (or default) selects others")
-
-
-def trained_weights_digest(model) -> str:
-    """SHA-256 of the tensors that require grad: after training, the adapter's; for the base, as loaded, all of them."""
-    digest = hashlib.sha256()
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            digest.update(name.encode() + p.detach().float().cpu().numpy().tobytes())
-    return digest.hexdigest()

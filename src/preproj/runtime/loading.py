@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -272,3 +273,13 @@ def model_max_length(model: nn.Module, tokenizer, default: int = 2048) -> int:
             return int(value)
     value = getattr(tokenizer, "model_max_length", None)
     return int(value) if value is not None and value < 10**12 else default
+
+
+def trained_weights_digest(model) -> str:
+    """SHA-256 of the tensors that require grad: after training, the adapter's; for the base, as loaded, all of them
+    (what a resumed evaluation or a retrained run must be scored on again)."""
+    digest = hashlib.sha256()
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            digest.update(name.encode() + p.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()
