@@ -77,28 +77,23 @@ def vision_shape(args: PretrainArgs) -> VisionShape | ClipShape:
     if not args.match:
         return shape
     text = _text_shape(shape)
-    return replace(shape, intermediate=matched_plain(text, args.match, args.match_to, _tokens(shape)).intermediate)
+    return replace(shape, intermediate=matched_plain(text, args.match, args.match_to, shape.tokens).intermediate)
 
 
 def _text_shape(shape) -> Shape:
     return Shape(shape.layers, shape.d_model, shape.heads, shape.heads, shape.config().intermediate_size, vocab=0)
 
 
-def _tokens(shape) -> int:
-    return shape.tokens if isinstance(shape, ClipShape) else shape.grid ** 2
-
-
 def train_flops_per_example(shape, method: str) -> int:
     """Training FLOPs of one example: the blocks as text counts them over every token, the patch (tubelet)
     embedding's forward and weight gradient over the given tokens (the pixels need no gradient), and the head."""
-    tokens = _tokens(shape)
+    tokens, given = shape.tokens, shape.given_tokens
     blocks = train_flops_per_token(_text_shape(shape), method, tokens) * tokens
     if isinstance(shape, ClipShape):
         pixels = shape.tubelet * shape.patch_size ** 2 * shape.channels
-        given = shape.given_frames // shape.tubelet * shape.grid ** 2
         head = pixels * (tokens - given) if shape.objective == "next-frame" else shape.classes
     else:
-        pixels, given, head = shape.patch_size ** 2 * shape.channels, tokens, shape.classes
+        pixels, head = shape.patch_size ** 2 * shape.channels, shape.classes
     return blocks + 2 * 2 * pixels * shape.d_model * given + 3 * 2 * shape.d_model * head
 
 
@@ -120,7 +115,7 @@ def pretrain_images(args: PretrainArgs, progress: bool = True) -> tuple[dict, nn
             f"loss, all {len(splits['valid']):,} and test scored at the end")
     torch.manual_seed(args.seed)
     model = model_type(shape).to(as_precision(args.precision).weights)
-    tokens = _tokens(shape)
+    tokens = shape.tokens
     counts = {"params": sum(p.numel() for p in model.parameters()),
               "train_flops_per_token": train_flops_per_example(shape, args.method) // tokens}
     if r.is_main:
@@ -188,7 +183,7 @@ def score(model: nn.Module, split: Split, batch_size: int, precision: str, devic
     `shuffled`: each example's given tokens permuted by its own fixed permutation, the RoPE positions kept in place."""
     was = model.training
     model.eval()
-    given = _given_tokens(model.shape)
+    given = model.shape.given_tokens
     losses, correct = [], []
     for start in range(0, len(split), batch_size):
         index = list(range(start, min(start + batch_size, len(split))))
@@ -205,12 +200,6 @@ def score(model: nn.Module, split: Split, batch_size: int, precision: str, devic
             losses.append(loss.flatten(1).mean(1).cpu())
     model.train(was)
     return torch.cat(losses), torch.cat(correct) if correct else None
-
-
-def _given_tokens(shape) -> int:
-    if isinstance(shape, ClipShape):
-        return shape.given_frames // shape.tubelet * shape.grid ** 2
-    return shape.grid ** 2
 
 
 def _permutation(index: int, tokens: int) -> torch.Tensor:

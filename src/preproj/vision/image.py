@@ -64,6 +64,13 @@ class VisionShape:
     def grid(self) -> int:
         return self.image_size // self.patch_size
 
+    @property
+    def tokens(self) -> int:
+        """Tokens the blocks see: one per patch."""
+        return self.grid ** 2
+
+    given_tokens = tokens
+
     def config(self):
         from transformers import PixtralVisionConfig
 

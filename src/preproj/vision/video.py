@@ -90,6 +90,11 @@ class ClipShape:
         """Tokens the blocks see: every tubelet of the clip (next-frame: the predicted ones as mask tokens)."""
         return self.frames // self.tubelet * self.grid ** 2
 
+    @property
+    def given_tokens(self) -> int:
+        """Tokens made from the given frames (the rest, for next-frame, are mask tokens)."""
+        return self.given_frames // self.tubelet * self.grid ** 2
+
     def config(self):
         from transformers import PixtralVisionConfig
 
