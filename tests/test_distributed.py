@@ -292,7 +292,8 @@ def test_the_value_residual_trained_from_scratch_under_fsdp_equals_one_process(s
 @pytest.mark.parametrize("task, shape", [
     ("mnist", ["--patch-size", "7", "--tokens", str(6 * 8 * 16)]),  # 6 steps of 8 examples, 16 or 64 tokens each
     ("moving-mnist", ["--patch-size", "16", "--frames", "8", "--context", "4", "--tokens", str(6 * 8 * 64)]),
-])
+    ("mnist", ["--patch-size", "7", "--tokens", str(6 * 8 * 16), "--strategy", "fsdp"]),
+], ids=["mnist", "moving-mnist", "mnist-fsdp"])
 def test_a_vision_model_pretrained_on_two_processes_equals_one_process_at_twice_the_batch(task, shape, tmp_path):
     """`preproj pretrain --task mnist|moving-mnist --nproc 2`: the examples split across processes, the same losses,
     weights and per-item scores as one process."""
