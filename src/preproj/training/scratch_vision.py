@@ -232,18 +232,8 @@ def attention_by_depth(model: nn.Module, split: Split, batch_size: int, device: 
         model.encoder.set_attn_implementation(implementation)
         model.train(was)
     weights = received.cpu() / len(split)  # (layers, T, T), mean over items
-    positions = _positions(model.shape).float()
+    positions = model.positions.cpu().float()
     distance = torch.cdist(positions, positions)  # (T, T)
     return {"distance": [float((w * distance).sum(dim=1).mean()) for w in weights],
             "uniform_distance": float(distance.mean()),
             "received": [[round(float(x), 6) for x in w.mean(dim=0)] for w in weights]}
-
-
-def _positions(shape) -> torch.Tensor:
-    """Each token's (row, column), or (time, row, column) for clips, in the order the blocks see them."""
-    grid = torch.arange(shape.grid)
-    if isinstance(shape, ClipShape):
-        axes = torch.meshgrid(torch.arange(shape.frames // shape.tubelet), grid, grid, indexing="ij")
-    else:
-        axes = torch.meshgrid(grid, grid, indexing="ij")
-    return torch.stack([a.flatten() for a in axes], dim=-1)

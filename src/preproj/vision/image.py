@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .directory import SavedAsDirectory
-from .position import LearnedPosition, check_position, no_rotation
+from .pixtral import LearnedPosition, check_shape, grid_positions, no_rotation, pixtral_config, reorder
 
 
 @dataclass(frozen=True)
@@ -45,14 +45,10 @@ class VisionShape:
     """MLP width (default 8/3 d rounded up to a multiple of 16, as text's from-scratch models)."""
     classes: int = 10
     position: str = "rope"
-    """rope (2-D RoPE inside attention) or learned (an absolute embedding added before the blocks; position.py)."""
+    """rope (2-D RoPE inside attention) or learned (an absolute embedding added before the blocks; pixtral.py)."""
 
     def __post_init__(self):
-        check_position(self.position)
-        for name in ("image_size", "patch_size", "channels", "layers", "d_model", "heads", "classes"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        check_shape(self, ("image_size", "patch_size", "channels", "layers", "d_model", "heads", "classes"))
         if self.image_size % self.patch_size:
             raise ValueError(f"patches of {self.patch_size} pixels do not tile a {self.image_size}-pixel image: "
                              f"choose a patch size that divides {self.image_size}.")
@@ -72,13 +68,7 @@ class VisionShape:
     given_tokens = tokens
 
     def config(self):
-        from transformers import PixtralVisionConfig
-
-        width = self.intermediate or -(-(8 * self.d_model // 3) // 16) * 16
-        return PixtralVisionConfig(hidden_size=self.d_model, intermediate_size=width, num_hidden_layers=self.layers,
-                                   num_attention_heads=self.heads, head_dim=self.d_model // self.heads,
-                                   num_channels=self.channels, image_size=self.image_size,
-                                   patch_size=self.patch_size)
+        return pixtral_config(self, self.image_size)
 
 
 class ImageClassifier(SavedAsDirectory, nn.Module):
@@ -97,7 +87,8 @@ class ImageClassifier(SavedAsDirectory, nn.Module):
         self.norm = nn.RMSNorm(shape.d_model, eps=1e-5)  # Pixtral's own norms' eps
         self.head = nn.Linear(shape.d_model, shape.classes)
         if shape.position == "learned":
-            self.position = LearnedPosition(shape.grid ** 2, shape.d_model)
+            self.position = LearnedPosition(shape.tokens, shape.d_model)
+        self.register_buffer("positions", grid_positions(shape.grid, shape.grid), persistent=False)  # (row, column)
 
     def example_input(self) -> dict:
         """One blank image: what the family table's structural check runs the model on."""
@@ -117,21 +108,12 @@ class ImageClassifier(SavedAsDirectory, nn.Module):
             pixel_values = pixel_values / 255.0
         patches = encoder.patch_conv(pixel_values.to(encoder.patch_conv.weight.dtype))  # (B, d, grid, grid)
         x = encoder.ln_pre(patches.flatten(2).transpose(1, 2))  # (B, grid², d), row-major
-        rows, cols = torch.meshgrid(torch.arange(s.grid), torch.arange(s.grid), indexing="ij")
-        positions = torch.stack([rows.flatten(), cols.flatten()], dim=-1).to(x.device)  # (grid², 2): (row, column)
-        if order is not None and order.ndim == 2:  # one permutation per image: Pixtral's RoPE takes one position set
-            if not keep_positions:
-                raise ValueError("a permutation per image (order of shape (batch, patches)) needs keep_positions=True; "
-                                 "to carry positions along, give one permutation (patches,) for the whole batch.")
-            x = x.gather(1, order[..., None].expand(-1, -1, x.shape[-1]))
-        elif order is not None:
-            x = x[:, order]
-            positions = positions if keep_positions else positions[order]
+        x, slots = reorder(x, order, keep_positions)
         if s.position == "learned":
-            x = self.position(x, positions[:, 0] * s.grid + positions[:, 1])
+            x = self.position(x, slots)
             cos, sin = no_rotation(x.shape[1], s.d_model // s.heads, x)
         else:
-            cos, sin = encoder.patch_positional_embedding(x, positions)
+            cos, sin = encoder.patch_positional_embedding(x, self.positions[slots])
         hidden = encoder.transformer(x, attention_mask=None, position_embeddings=(cos, sin)).last_hidden_state
         logits = self.head(self.norm(hidden.mean(dim=1)))
         return logits if labels is None else F.cross_entropy(logits.float(), labels)

@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .directory import SavedAsDirectory
-from .position import LearnedPosition, check_position, no_rotation
+from .pixtral import LearnedPosition, check_shape, grid_positions, no_rotation, pixtral_config, reorder
 
 OBJECTIVES = ("next-frame", "direction")
 ROPE_THETA = 10000.0
@@ -52,17 +52,13 @@ class ClipShape:
     """MLP width (default 8/3 d rounded up to a multiple of 16)."""
     classes: int = 4
     position: str = "rope"
-    """rope (3-D RoPE inside attention) or learned (an absolute embedding added before the blocks; position.py)."""
+    """rope (3-D RoPE inside attention) or learned (an absolute embedding added before the blocks; pixtral.py)."""
 
     def __post_init__(self):
-        check_position(self.position)
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}.")
-        for name in ("frames", "context", "size", "tubelet", "patch_size", "channels", "layers", "d_model", "heads",
-                     "classes"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        check_shape(self, ("frames", "context", "size", "tubelet", "patch_size", "channels", "layers", "d_model",
+                           "heads", "classes"))
         if self.size % self.patch_size:
             raise ValueError(f"patches of {self.patch_size} pixels do not tile a {self.size}-pixel frame: choose a "
                              f"patch size that divides {self.size}.")
@@ -96,20 +92,15 @@ class ClipShape:
         return self.given_frames // self.tubelet * self.grid ** 2
 
     def config(self):
-        from transformers import PixtralVisionConfig
-
-        width = self.intermediate or -(-(8 * self.d_model // 3) // 16) * 16
-        return PixtralVisionConfig(hidden_size=self.d_model, intermediate_size=width, num_hidden_layers=self.layers,
-                                   num_attention_heads=self.heads, head_dim=self.d_model // self.heads,
-                                   num_channels=self.channels, image_size=self.size, patch_size=self.patch_size)
+        return pixtral_config(self, self.size)
 
 
 def rope_3d(positions: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, sin), each (tokens, head_dim), for (time, row, column) positions (tokens, 3), laid out for
     transformers' rotate_half (pair j rotates dimensions j and j + head_dim / 2)."""
     pairs = head_dim // 2
-    axis = torch.arange(pairs) % 3
-    rank = torch.arange(pairs) // 3
+    axis = torch.arange(pairs, device=positions.device) % 3
+    rank = torch.arange(pairs, device=positions.device) // 3
     per_axis = torch.bincount(axis, minlength=3)
     inv_freq = ROPE_THETA ** (-rank.double() / per_axis[axis].double())  # (pairs,)
     angles = positions[:, axis].double() * inv_freq  # (tokens, pairs)
@@ -140,9 +131,8 @@ class ClipTransformer(SavedAsDirectory, nn.Module):
             self.head = nn.Linear(s.d_model, s.classes)
         if s.position == "learned":
             self.position = LearnedPosition(s.tokens, s.d_model)
-        t, r, c = torch.meshgrid(torch.arange(s.frames // s.tubelet), torch.arange(s.grid), torch.arange(s.grid),
-                                 indexing="ij")
-        self.register_buffer("positions", torch.stack([t.flatten(), r.flatten(), c.flatten()], -1), persistent=False)
+        self.register_buffer("positions", grid_positions(s.frames // s.tubelet, s.grid, s.grid),
+                             persistent=False)  # (time, row, column)
 
     def example_input(self) -> dict:
         """One blank clip: what the family table's structural check runs the model on."""
@@ -159,22 +149,16 @@ class ClipTransformer(SavedAsDirectory, nn.Module):
         clips = self._checked(clips, s.given_frames, "clips")
         x = encoder.patch_conv(clips.transpose(1, 2).to(encoder.patch_conv.weight.dtype))  # (B, d, T, grid, grid)
         x = encoder.ln_pre(x.flatten(2).transpose(1, 2))  # (B, given tokens, d), (time, row, column)-major
-        positions, given = self.positions, x.shape[1]
-        if order is not None and order.ndim == 2:
-            if not keep_positions:
-                raise ValueError("a permutation per clip needs keep_positions=True; to carry positions along, give one "
-                                 "permutation (tokens,) for the whole batch.")
-            x = x.gather(1, order[..., None].expand(-1, -1, x.shape[-1]))
-        elif order is not None:
-            x = x[:, order]
-            positions = positions if keep_positions else torch.cat([positions[:given][order], positions[given:]])
-        if s.objective == "next-frame":
+        given = x.shape[1]
+        x, slots = reorder(x, order, keep_positions)
+        if s.objective == "next-frame":  # the predicted tubelets: mask tokens at the slots after the given ones
             x = torch.cat([x, self.mask.to(x.dtype).expand(x.shape[0], s.tokens - given, -1)], dim=1)
+            slots = torch.cat([slots, torch.arange(given, s.tokens, device=x.device)])
         if s.position == "learned":
-            x = self.position(x, (positions[:, 0] * s.grid + positions[:, 1]) * s.grid + positions[:, 2])
+            x = self.position(x, slots)
             cos, sin = no_rotation(x.shape[1], s.d_model // s.heads, x)
         else:
-            cos, sin = (t.to(x.dtype) for t in rope_3d(positions, s.d_model // s.heads))
+            cos, sin = (t.to(x.dtype) for t in rope_3d(self.positions[slots], s.d_model // s.heads))
         hidden = encoder.transformer(x, attention_mask=None, position_embeddings=(cos, sin)).last_hidden_state
         if s.objective == "direction":
             logits = self.head(self.norm(hidden.mean(dim=1)))
