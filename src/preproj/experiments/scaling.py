@@ -319,12 +319,11 @@ def report_again(out: Path) -> dict:
 
 def _write_results(out: Path, args: ScalingArgs, runs: dict, shapes: dict, timing: dict, start: float,
                    sweeps: dict, plan: dict) -> dict:
-    sizes = {}
+    sizes, text = {}, args.task == "text"
     for (key, variant), summaries in runs.items():
         shape = shapes[key, variant]
         method = variant.partition("@")[0]
         entry = sizes.setdefault(key, {"variants": {}, "paired": {}, "timing": timing.get(key)})
-        text = args.task == "text"
         entry["variants"][variant] = {
             "shape": asdict(shape), "params": count_params(shape, method) if text else summaries[0]["params"],
             "train_flops_per_token": train_flops_per_token(shape, method, args.seq_len) if text

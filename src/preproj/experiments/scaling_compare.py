@@ -32,7 +32,6 @@ def default_plan(variants: list[str]) -> dict:
             "families": families}
 
 
-
 def paired_by_plan(sizes: dict, plan: dict) -> list[dict]:
     """Each family's comparisons (every variant of every size against the family's reference), seed-paired t
     intervals with p-values, Holm (or Benjamini-Hochberg) within the family, the verdict from the adjusted p. The

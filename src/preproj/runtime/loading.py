@@ -151,13 +151,19 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype:
     return table[dtype]
 
 
+def directory_model_type(name: str | os.PathLike) -> str | None:
+    """The model_type a directory's config.json names; None where `name` holds no readable config.json."""
+    try:
+        model_type = json.loads((Path(name) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return None if model_type is None else str(model_type)
+
+
 def refuse_vision_run(name: str) -> None:
     """A `preproj pretrain --task mnist|moving-mnist...` directory is not a language model: say what loads it."""
-    try:
-        model_type = json.loads((Path(name) / "config.json").read_text()).get("model_type", "")
-    except (OSError, ValueError, AttributeError):
-        return
-    if str(model_type).startswith("preproj-"):
+    model_type = directory_model_type(name)
+    if model_type and model_type.startswith("preproj-"):
         raise ModelLoadError(f"{name!r} holds a preproj vision model ({model_type}), not a language model: load it "
                              "with preproj.vision's ImageClassifier or ClipTransformer .from_pretrained, and "
                              "load_adapter(model, DIR/adapter); of the commands, `inspect` takes it, `eval`, `export` "

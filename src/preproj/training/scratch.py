@@ -50,7 +50,7 @@ class PretrainArgs:
     task: str = "text"
     """text (a Llama-architecture language model on --data); mnist (a vision transformer with 2-D RoPE classifies MNIST
     digits); moving-mnist (a video transformer with 3-D RoPE predicts the frames after --context of a Moving MNIST clip)
-    or moving-mnist-direction (it tells which way a clip's first digit moves). docs/guide/vision.md; --data,
+    or moving-mnist-direction (it tells which way the digit of a one-digit clip moves). docs/guide/vision.md; --data,
     --tokenizer, --seq-len and --sample-tokens are text's."""
     layers: int = 4
     """Decoder layers."""

@@ -2,9 +2,9 @@
 video clips (video.py: tubelets, 3-D RoPE); `preproj pretrain --task mnist|moving-mnist|moving-mnist-direction`
 trains them (training/scratch_vision.py)."""
 
-import json
 from pathlib import Path
 
+from ..runtime.loading import directory_model_type
 from .image import ImageClassifier, VisionShape
 from .video import ClipShape, ClipTransformer
 
@@ -13,10 +13,7 @@ MODELS = (ImageClassifier, ClipTransformer)
 
 def load_vision_run(directory: str | Path):
     """The vision model a `preproj pretrain` directory holds (without its method), or None for any other path."""
-    try:
-        model_type = json.loads((Path(directory) / "config.json").read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None
+    model_type = directory_model_type(directory)
     found = next((m for m in MODELS if m.model_type == model_type), None)
     return None if found is None else found.from_pretrained(directory)
 
