@@ -27,7 +27,10 @@ METRICS = {
     "acc_norm": lambda r: r["acc_norm"],
     "word_perplexity": lambda r: (-r["ll"], r["words"]),
     "heldout_loss": lambda r: (-r["ll"], r["tokens"]),
+    # the paper's perplexity (WikiText rows): exp of the mean over rows of each row's mean loss per token
+    "perplexity": lambda r: (-r["ll"] / r["tokens"], 1.0),
 }
+EXPONENTIATED = ("word_perplexity", "perplexity")
 
 
 def _text(path: Path) -> str:
@@ -50,8 +53,8 @@ def metric_and_linearisation(x: np.ndarray, metric: str) -> tuple[float, np.ndar
         return x.mean(), x - x.mean()
     ratio = x[:, 0].sum() / x[:, 1].sum()
     loo = (x[:, 0].sum() - x[:, 0]) / (x[:, 1].sum() - x[:, 1])  # the jackknife over documents
-    f = math.exp if metric == "word_perplexity" else (lambda r: r)
-    g = np.exp if metric == "word_perplexity" else (lambda r: r)
+    f = math.exp if metric in EXPONENTIATED else (lambda r: r)
+    g = np.exp if metric in EXPONENTIATED else (lambda r: r)
     return f(ratio), (len(x) - 1) * (f(ratio) - g(loo))
 
 

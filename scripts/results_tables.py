@@ -123,9 +123,9 @@ def bf16_table(out: Path) -> str:
     from preproj.analysis.stats import describe
 
     runs = {p: sorted(out.glob(f"{p}-seed*")) for p in ("bf16-true", "bf16-frozen")}
-    items = {p: {"wikitext": [d / "eval.items.jsonl" for d in dirs]} for p, dirs in runs.items()}
-    base = {"wikitext": [out / "base" / "eval.items.jsonl"]}
-    base_ppl = json.loads((out / "base" / "eval.json").read_text())["tasks"]["wikitext"]["perplexity"]
+    items = {p: {"wikitext": [d / "items.wikitext.jsonl" for d in dirs]} for p, dirs in runs.items()}
+    base = {"wikitext": [out / "base-seed42" / "items.wikitext.jsonl"]}
+    base_ppl = json.loads((out / "base-seed42" / "result.json").read_text())["tasks"]["wikitext"]["perplexity"]
     lines = ["| precision | seeds | erased: W_up | W_down | W_skip | held-out loss, start → end (mean) "
              f"| paper PPL (mean) | minus the base ({base_ppl:.2f}) |", "|---|---|---|---|---|---|---|---|"]
     for precision, dirs in runs.items():
@@ -137,7 +137,7 @@ def bf16_table(out: Path) -> str:
             cells.append(f"{min(shares):.1f}–{max(shares):.1f}%" if shares else "–")
         start = statistics.mean(s["initial_heldout_loss"] for s in summaries)
         end = statistics.mean(s["final_heldout_loss"] for s in summaries)
-        ppl = statistics.mean(json.loads((d / "eval.json").read_text())["tasks"]["wikitext"]["perplexity"]
+        ppl = statistics.mean(json.loads((d / "result.json").read_text())["tasks"]["wikitext"]["perplexity"]
                               for d in dirs)
         (against_base,) = paired_between(base, items[precision], "paper")
         lines.append(f"| `{precision}` | {len(dirs)} | {' | '.join(cells)} | {start:.3f} → {end:.3f} | {ppl:.2f} | "

@@ -67,10 +67,78 @@ alpha = 0.05
     ("preset = 'huge'", "preset must be one of"),
     ("[sweep]\nrates = 1e-3", "sweep.rates must be a list"),
     ("name = ", "is not valid TOML"),
+    ("methods = ['skip']\n[arms.skip]\nmethod = 'skip'", "must differ from every method"),
+    ("methods = ['a']\n[arms.a]\nmethod = 'skip'\nrate = 1e-3", r"arms.a: unknown key\(s\) rate"),
+    ("methods = ['a']\n[arms.a]\nlr = 1e-3", "arms.a: no method"),
+    ("methods = ['a']\n[arms.a]\nmethod = 'skip'\nprecision = 'bf16'", "arms.a: precision must be"),
+    ("methods = ['b']\n[arms.a]\nmethod = 'skip'", "arms.a is not in methods"),
+    ("[eval]\ntasks = ['lambda']", "eval.tasks must be a list of tasks from lambada"),
+    ("[eval]\ntasks = []", "eval.tasks is empty"),
 ])
 def test_a_study_file_that_cannot_run_says_which_key_and_what_to_write(tmp_path, text, message):
     with pytest.raises(StudyFileError, match=message):
         load_study(_write(tmp_path / "s.toml", text))
+
+
+def test_named_arms_give_one_method_a_rate_and_precisions_of_its_own(tmp_path):
+    from preproj.experiments.arms import Arm, arm, arm_precisions
+    from preproj.runtime.precision import PRECISIONS
+
+    study = load_study(_write(tmp_path / "s.toml", """
+methods = ["base", "pure", "masters", "skip@1e-3"]
+[arms.pure]
+method = "preproj+skip"
+lr = 1e-5
+precision = "bf16-true"
+[arms.masters]
+method = "preproj+skip"
+precision = "bf16-frozen"
+[eval]
+tasks = ["wikitext"]
+"""))
+    named = study.preset["arms"]
+    assert named["pure"] == Arm("pure", "preproj+skip", 1e-5, "bf16-true", None)
+    assert arm("masters", named) == Arm("masters", "preproj+skip", None, "bf16-frozen", None)
+    assert arm("skip@1e-3", named) == Arm("skip@1e-3", "skip", 1e-3)
+    assert study.preset["eval"]["tasks"] == ["wikitext"]
+    # an arm scored on another base than the one it trained on is refused, naming the arm
+    fp32, bf16 = PRECISIONS["fp32"], PRECISIONS["bf16-true"]
+    assert arm_precisions(named["pure"], fp32, bf16, "cpu") == (bf16, bf16)
+    with pytest.raises(ValueError, match=r"\(arm pure\): pick two that load the base alike"):
+        arm_precisions(named["pure"], fp32, fp32, "cpu")
+
+
+def test_the_bf16_question_reports_from_its_committed_item_files_as_committed(tmp_path, capsys):
+    """studies/bf16-question.toml (named arms in two precisions, one task under the paper's protocol) over a copy of
+    results/bf16-question: reused, not rerun, and paired as the committed paired.json (made by `preproj paired`
+    before the study file existed) and docs/results/bf16-question.md have it."""
+    import shutil
+
+    from preproj.analysis.pairing import paired_between
+
+    copy = tmp_path / "bf16-question"
+    shutil.copytree(ROOT / "results" / "bf16-question", copy)
+    text = (ROOT / "studies" / "bf16-question.toml").read_text().replace('"results/bf16-question"', f'"{copy}"')
+    assert main(["study", "report", str(_write(tmp_path / "q.toml", text)), "--data-dir", str(tmp_path)]) == 0
+    results = json.loads((copy / "results.json").read_text())
+    assert results["pending"] == [] and results["new_runs"] == 0
+    assert results["arms"]["bf16-frozen"] == {"method": "preproj+skip", "precision": "bf16-frozen",
+                                              "eval_precision": "bf16-true"}
+    assert set(results["methods"]["base"]["metrics"]) == {"wikitext.perplexity"}
+    paired = {(p["method"], p["reference"]): p for p in results["paired"]}
+    committed = json.loads((ROOT / "results" / "bf16-question" / "paired.json").read_text())["paired"][0]
+    question = paired["bf16-frozen", "bf16-true"]
+    for key in ("a", "b", "effect", "items"):
+        assert question[key] == pytest.approx(committed[key], rel=1e-12), key
+    # the arms share seeds 42-44, so the study pairs them seed by seed too; `preproj paired` did not
+    files = {arm: {"wikitext": [copy / f"{arm}-seed{s}" / "items.wikitext.jsonl" for s in (42, 43, 44)]}
+             for arm in ("bf16-true", "bf16-frozen")}
+    (seed_paired,) = paired_between(files["bf16-true"], files["bf16-frozen"], "paper", seed_paired=True)
+    (unpaired,) = paired_between(files["bf16-true"], files["bf16-frozen"], "paper")
+    assert (question["low"], question["high"]) == pytest.approx((seed_paired.low, seed_paired.high), rel=1e-12)
+    assert (unpaired.low, unpaired.high) == pytest.approx((committed["low"], committed["high"]), rel=1e-12)
+    assert question["verdict"] == "better" and question["decided_by"] == "question"
+    assert "bf16-frozen" in (copy / "report.md").read_text()
 
 
 def test_seeds_by_name_and_arms_at_the_common_rate():
@@ -220,6 +288,54 @@ families = [{{name = "primary", correction = "holm", members = [
     assert json.loads((out / "results.json").read_text())["methods"] == results["methods"]
     _write(path, path.read_text().replace("alpha = 0.05", "alpha = 0.01"))
     assert main(argv) == 2 and "modified since its commit" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_named_arms_train_one_method_in_two_precisions_and_score_the_tasks_named(tmp_path,
+                                                                                 tiny_real_vocab_model):  # noqa: F811
+    assert data_dir() is not None, "../shared/data or $PREPROJ_DATA_DIR is needed"
+    corpus = _write(tmp_path / "corpus.txt", "\n".join(f"line {i}: the quick brown fox {i}" for i in range(200)))
+    out = tmp_path / "out"
+    path = _write(tmp_path / "arms.toml", f"""
+model = "{tiny_real_vocab_model}"
+out = "{out}"
+methods = ["base", "fp", "mixed"]
+precision = "fp32"
+eval_precision = "fp32"
+compile = false
+[arms.fp]
+method = "skip"
+lr = 1e-3
+[arms.mixed]
+method = "skip"
+lr = 1e-3
+precision = "bf16-mixed"
+[train]
+data = "{corpus}"
+seq_len = 32
+batch_size = 2
+steps = 2
+warmup = 1
+eval_every = 2
+save_every = 2
+[eval]
+tasks = ["lambada"]
+limits = {{lambada = 3}}
+max_length = 256
+""")
+    assert main(["study", "run", str(path), "--data-dir", str(data_dir())]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["methods"]) == ["base", "fp", "mixed"]
+    assert results["arms"] == {"fp": {"method": "skip", "precision": "fp32", "eval_precision": "fp32"},
+                               "mixed": {"method": "skip", "precision": "bf16-mixed", "eval_precision": "fp32"}}
+    for name, precision in (("fp", "fp32"), ("mixed", "bf16-mixed")):
+        run = out / f"{name}-seed42"
+        assert (run / "result.json").is_file()
+        assert json.loads((run / "train_config.json").read_text())["precision"] == precision
+        assert sorted(p.name for p in run.glob("items.*")) == ["items.lambada.jsonl"]
+    # two precisions are two trainings (each has its run directory above): one method, rate and seed do not make
+    # them one run, as they do for METHOD@common at the method's own rate
+    assert set(results["methods"]["mixed"]["metrics"]) == {"lambada.acc"}
 
 
 def test_verbose_shows_where_a_plain_value_error_came_from_and_not_a_study_files(tmp_path, capsys, monkeypatch):

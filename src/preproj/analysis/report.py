@@ -50,6 +50,20 @@ def _fmt(cell: dict, metric: Metric) -> str:
     return value + (f" ± {cell['ci95']:.2f}" if ppl else f" ± {cell['ci95']:.3f}")
 
 
+def scored_columns(report: dict) -> list[tuple[str, Metric]]:
+    """The table's columns that every method was scored on (a study may score some tasks only)."""
+    rows = report["methods"].values()
+    return [(t, m) for t, m in columns(report["protocol"]) if all(f"{t}.{m.name}" in r["metrics"] for r in rows)]
+
+
+def _fmt_precisions(report: dict) -> str:
+    arms = report.get("arms") or {}
+    said = (f"Precision, the same for every method{' but the named arms' if arms else ''}: training "
+            f"{report.get('precision', '?')}, evaluation {report.get('eval_precision', '?')}.")
+    return said + "".join(f" {name}: {a['method']}, training {a['precision']}, evaluation {a['eval_precision']}."
+                          for name, a in arms.items())
+
+
 def render_report(report: dict) -> str:
     protocol = report["protocol"]
     pending = report.get("pending")
@@ -58,15 +72,14 @@ def render_report(report: dict) -> str:
     lines = [f"# preproj compare: {report['model']} (preset {report['preset']})", "", *interim,
              f"Protocol `{protocol}`; evaluation items per task: "
              + (", ".join(f"{k} {v}" for k, v in report["eval_limits"].items()) or "the protocol's defaults")
-             + f". Training: {_fmt_training(report)}. Precision, the same for every method: training "
-             f"{report.get('precision', '?')}, evaluation {report.get('eval_precision', '?')}. {_fmt_seeds(report)}. "
+             + f". Training: {_fmt_training(report)}. {_fmt_precisions(report)} {_fmt_seeds(report)}. "
              "Intervals are 95%: over seeds when there are several, else 1.96 x the metric's standard error, which "
              "carries no seed-to-seed variation (a row with one trained seed is conditional on it).", "",
-             "| method | seeds | lr | trainable params | " + " | ".join(m.header for _, m in columns(protocol))
+             "| method | seeds | lr | trainable params | " + " | ".join(m.header for _, m in scored_columns(report))
              + " | train tokens | train time | eval time |",
-             "|---" * (len(columns(protocol)) + 7) + "|"]
+             "|---" * (len(scored_columns(report)) + 7) + "|"]
     for method, row in report["methods"].items():
-        cells = [_fmt(row["metrics"][f"{t}.{m.name}"], m) for t, m in columns(protocol)]
+        cells = [_fmt(row["metrics"][f"{t}.{m.name}"], m) for t, m in scored_columns(report)]
         trained = bool(row["trainable_params"])
         params = f"{row['trainable_params'] / 1e6:.2f}M" if trained else "–"
         train_time = _fmt_seconds(row["train_seconds"]) if trained else "–"
@@ -270,7 +283,7 @@ def agreement_paragraph(report: dict) -> str:
     said = []
     for method in [m for m in rows if m != "base" and m in paper]:
         parts = []
-        for task, metric in columns(protocol):
+        for task, metric in scored_columns(report):
             if task not in PAPER_COLUMNS:
                 continue
             k = 1 + PAPER_COLUMNS.index(task)
@@ -298,7 +311,7 @@ def agreement_paragraph(report: dict) -> str:
             parts.append(f"{metric.header.split()[0]} {delta:+.3g} (paper {theirs:+.3g}: {verdict})")
         said.append(f"{method}: " + "; ".join(parts) + ".")
     said = "Change over base, ours against the paper's Pythia-160M. " + " ".join(said)
-    if "wikitext" not in column_names(protocol):
+    if "wikitext" not in dict(scored_columns(report)):
         return said
     ppl_key = "wikitext." + column_names(protocol)["wikitext"]
     ranking = sorted(rows, key=lambda m: rows[m]["metrics"][ppl_key]["mean"])

@@ -45,7 +45,7 @@ from ..runtime.provenance import describe, provenance
 from ..runtime.validation import check_args
 from ..training import TrainArgs, train
 from ..training.loop import resolved_args
-from .arms import COMMON, arm_method_lr, run_plan, seed_list
+from .arms import COMMON, Arm, arm, arm_precisions, run_plan, seed_list
 from .compare_args import PRESETS, CompareArgs
 from .retrain import NotTheScoredWeights, retrain_dir, retrained, trained_weights_digest
 from .reuse import eval_setting, finished_run, read_log
@@ -73,14 +73,11 @@ def run_compare(args: CompareArgs, progress: bool = True, *, preset: dict | None
                if m.strip()]
     if not methods:
         raise ValueError(f"--methods is empty; choose from {', '.join(METHODS)}.")
-    for arm in methods:
-        arm_method_lr(arm)
+    arms = {name: arm(name, preset.get("arms")) for name in methods}
     device = resolve_device(args.device)
     precision = as_precision(args.precision or preset["precision"], device)
     eval_precision = as_precision(args.eval_precision or preset["eval_precision"], device)
-    if eval_precision.weights != precision.weights:
-        raise ValueError(f"eval precision {eval_precision.name} loads weights in {eval_precision.weights}, training "
-                         f"precision {precision.name} in {precision.weights}: pick two that load the base alike.")
+    precisions = {name: arm_precisions(a, precision, eval_precision, device) for name, a in arms.items()}
     r = ddist.setup(device)
     if args.strategy == "fsdp" and r.enabled:
         raise ValueError("compare evaluates every method with the whole model on each process, which --strategy fsdp "
@@ -99,7 +96,9 @@ def run_compare(args: CompareArgs, progress: bool = True, *, preset: dict | None
     # A report-only pass reads finished runs and writes only the report's own files, never a run's, so it may run
     # beside the comparison that owns the directory.
     with nullcontext() if args.report_only else ddist.owned(Path(args.out), "preproj compare", device):
-        return _compare(args, methods, preset, precision, eval_precision, device, r, progress, lr_sweep, study)
+        return _compare(args, methods, preset, precision, eval_precision, device, r, progress, lr_sweep, study,
+                        {name: (a, *precisions[name]) for name, a in arms.items()})
+
 
 
 @dataclass(frozen=True)
@@ -117,51 +116,54 @@ class _Pass:
     ranks: ddist.Ranks
     progress: bool
     study: dict | None
+    arms: dict[str, tuple[Arm, Precision, Precision]]
+    """Each arm with its training and evaluation precisions."""
 
 
 def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eval_precision, device, r, progress: bool,
-             lr_sweep: str | None, study: dict | None) -> dict:
+             lr_sweep: str | None, study: dict | None, arms: dict) -> dict:
     out = Path(args.out)
     eval_cfg = preset["eval"]
-    limits = {t: args.limit for t in default_tasks()} if args.limit else eval_cfg["limits"]
+    limits = {t: args.limit for t in scored_tasks(eval_cfg)} if args.limit else eval_cfg["limits"]
     start = time.monotonic()
     seeds = args.seeds or preset.get("seeds", 1)
     train_args = {**preset["train"], **{k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v}}
-    this = _Pass(args, train_args, eval_cfg, limits, precision, eval_precision, device, r, progress, study)
+    this = _Pass(args, train_args, eval_cfg, limits, precision, eval_precision, device, r, progress, study, arms)
     sweep = _learning_rates(this, methods, preset, lr_sweep)
-    if any(lr == COMMON for _, lr in map(arm_method_lr, methods)) and not (sweep and "common" in sweep):
+    if any(a.lr == COMMON for a, _, _ in arms.values()) and not (sweep and "common" in sweep):
         raise ValueError("METHOD@common needs a learning-rate sweep and the methods whose average picks the common "
                          "rate (a study file's sweep.common); give METHOD@LR for a rate of your own.")
 
     runs, pending = [], []  # runs: one per finished (method, seed); pending: those a report-only pass finds unfinished
-    reused, all_tasks = 0, (*default_tasks(), *eval_cfg.get("extra_tasks", ()))
-    trained: dict[tuple, dict] = {}  # (method, lr, seed) -> its run: two arms that name the same training share it
-    for arm, seed in run_plan(methods, seeds,
-                              (args.seeded_methods or preset.get("seeded_methods") or ",".join(methods))):
-        method, fixed_lr = arm_method_lr(arm)
-        lr = None if method == "base" else (sweep["common"]["rate"] if fixed_lr == COMMON else fixed_lr) or \
+    reused, all_tasks = 0, scored_tasks(eval_cfg)
+    trained: dict[tuple, dict] = {}  # (method, lr, seed, precisions) -> its run: arms that name one training share it
+    for name, seed in run_plan(methods, seeds,
+                               (args.seeded_methods or preset.get("seeded_methods") or ",".join(methods))):
+        a, train_p, eval_p = arms[name]
+        method = a.method
+        lr = None if method == "base" else (sweep["common"]["rate"] if a.lr == COMMON else a.lr) or \
             (sweep["chosen"][method] if sweep else train_args["lr"])
-        if (method, lr, seed) in trained:
-            twin = trained[method, lr, seed]
-            runs.append({**twin, "method": arm, "same_run_as": twin["method"]})
+        key = (method, lr, seed, train_p.name, eval_p.name)
+        if key in trained:
+            runs.append({**trained[key], "method": name, "same_run_as": trained[key]["method"]})
             continue
-        run_dir = out / f"{arm}-seed{seed}"
+        run_dir = out / f"{name}-seed{seed}"
         if (run_dir / "result.json").is_file():  # resumable: a finished (arm, seed) is not redone
-            run = finished_run(run_dir, arm, seed, lr, swept=bool(sweep) and fixed_lr in (None, COMMON),
-                                recorded_as=_run_train_args(this, method, seed, lr, run_dir, resolved=True),
+            run = finished_run(run_dir, name, seed, lr, swept=bool(sweep) and a.lr in (None, COMMON),
+                                recorded_as=_run_train_args(this, name, seed, lr, run_dir, resolved=True),
                                 model=args.model,
-                                scored_as={t: eval_setting(t, eval_cfg, limits, eval_precision) for t in all_tasks})
+                                scored_as={t: eval_setting(t, eval_cfg, limits, eval_p) for t in all_tasks})
             missing = [t for t in all_tasks if t not in run["tasks"]]
             if args.fill_missing and missing and not args.report_only:
-                run = _fill_missing(this, run, method, run_dir, missing)
+                run = _fill_missing(this, run, name, run_dir, missing)
             runs.append(run)
             reused += 1
         elif args.report_only:
             pending.append(run_dir.name)
         else:
-            runs.append(_run_arm(this, arm, method, seed, lr, run_dir))
+            runs.append(_run_arm(this, name, seed, lr, run_dir))
         if runs and runs[-1]["run_dir"] == run_dir.name:
-            trained[method, lr, seed] = runs[-1]
+            trained[key] = runs[-1]
 
     if args.report_only:
         methods = [m for m in methods if any(r["method"] == m for r in runs)]
@@ -179,10 +181,19 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
     report = summarise(runs, methods, args, eval_cfg["protocol"], limits, seconds, train_args, seeds)
     report.update(pending=pending, new_runs=new_runs, sweep=sweep, precision=precision.name,
                   eval_precision=eval_precision.name, device=str(device), **({"study": study} if study else {}))
+    named = {n: {"method": a.method, "precision": p.name, "eval_precision": e.name}
+             for n, (a, p, e) in arms.items() if n in (preset.get("arms") or {})}
+    if named:
+        report["arms"] = named
     _add_comparisons(report, runs, methods, eval_cfg["protocol"], out)
     if r.is_main:
         _write_report(report, runs, methods, out, Path(args.model).name)
     return report
+
+
+def scored_tasks(eval_cfg: dict) -> tuple[str, ...]:
+    """The tasks a comparison scores: those its evaluation names, else every default task, then its extra ones."""
+    return (*(eval_cfg.get("tasks") or default_tasks()), *eval_cfg.get("extra_tasks", ()))
 
 
 def _recorded(out: Path, key: str):
@@ -203,8 +214,8 @@ def _learning_rates(this: _Pass, methods: list[str], preset: dict, lr_sweep: str
         sweep_file = Path(args.out) / "sweep" / "sweep.json"
         sweep = json.loads(sweep_file.read_text()) if sweep_file.is_file() else _recorded(Path(args.out), "sweep")
     else:
-        swept = list(dict.fromkeys([*(m for m, lr in map(arm_method_lr, methods)
-                                      if m != "base" and lr in (None, COMMON)), *common_of]))
+        swept = list(dict.fromkeys([*(a.method for a, _, _ in this.arms.values()
+                                      if a.method != "base" and a.lr in (None, COMMON)), *common_of]))
         steps = args.sweep_steps or preset.get("sweep_steps") or max(1, train_args["steps"] // 4)
         n_seeds = args.sweep_seeds or preset.get("sweep_seeds") or 1
         sweep = sweep_learning_rates(args, swept, train_args, lr_sweep, steps, n_seeds, this.precision, this.device,
@@ -212,29 +223,30 @@ def _learning_rates(this: _Pass, methods: list[str], preset: dict, lr_sweep: str
     return {**sweep, "common": common_rate(sweep, common_of)} if sweep and common_of else sweep
 
 
-def _run_train_args(this: _Pass, method: str, seed: int, lr: float | None, run_dir: Path,
+def _run_train_args(this: _Pass, name: str, seed: int, lr: float | None, run_dir: Path,
                     resolved: bool = False) -> TrainArgs | None:
-    """The TrainArgs an arm trains with (None for the base); `resolved`: as train() records them."""
-    if method == "base":
+    """The TrainArgs arm `name` trains with (None for the base); `resolved`: as train() records them."""
+    a, precision, _ = this.arms[name]
+    if a.method == "base":
         return None
     args = this.args
-    targs = TrainArgs(model=args.model, method=method, out=str(run_dir), seed=seed, data_dir=args.data_dir,
-                      resume=True, precision=this.precision.name, device=str(this.device), strategy=args.strategy,
+    targs = TrainArgs(model=args.model, method=a.method, out=str(run_dir), seed=seed, data_dir=args.data_dir,
+                      resume=True, precision=precision.name, device=str(this.device), strategy=args.strategy,
                       report_to=args.report_to, compile=args.compile, **{**this.train_args, "lr": lr})
     return resolved_args(targs, this.device) if resolved else targs
 
 
-def _run_arm(this: _Pass, arm: str, method: str, seed: int, lr: float | None, run_dir: Path) -> dict:
+def _run_arm(this: _Pass, arm: str, seed: int, lr: float | None, run_dir: Path) -> dict:
     """Train one (arm, seed) (the base trains nothing), evaluate it task by task, and write its result.json."""
     logger.info(f"[compare] {arm} seed {seed} ...")
-    model, tokenizer = load_model(this.args.model, dtype=this.precision.weights, device=this.device)
+    model, tokenizer = load_model(this.args.model, dtype=this.arms[arm][1].weights, device=this.device)
     summary = None
-    targs = _run_train_args(this, method, seed, lr, run_dir)
+    targs = _run_train_args(this, arm, seed, lr, run_dir)
     if targs is not None:
         summary, model = train(targs, model, tokenizer, progress=this.progress)
     weights = trained_weights_digest(model)
     model = merged_for_evaluation(model)  # a LoRA scores at the base's cost; the digest is of what was trained
-    tasks, task_seconds = _evaluate_arm(this, model, tokenizer, run_dir, weights)
+    tasks, task_seconds = _evaluate_arm(this, arm, model, tokenizer, run_dir, weights)
     study = this.study
     result = {"method": arm, "seed": seed, "model": this.args.model, "tasks": tasks, "run_dir": run_dir.name,
               "lr": lr if summary else None,
@@ -249,23 +261,24 @@ def _run_arm(this: _Pass, arm: str, method: str, seed: int, lr: float | None, ru
     if this.ranks.is_main:
         write_json(run_dir / "result.json", result)
     logger.info(f"[compare] {arm} seed {seed}: " + ", ".join(
-        f"{t} {m.name}={tasks[t][m.name]:.4g}" for t, m in columns(this.eval_cfg["protocol"])))
+        f"{t} {m.name}={tasks[t][m.name]:.4g}" for t, m in columns(this.eval_cfg["protocol"]) if t in tasks))
     return result
 
 
-def _fill_missing(this: _Pass, run: dict, method: str, run_dir: Path, missing: list[str]) -> dict:
+def _fill_missing(this: _Pass, run: dict, arm: str, run_dir: Path, missing: list[str]) -> dict:
     """A finished run's tasks added since it ran (its weights are not kept): scored on the run retrained from its
     recorded arguments only if that gives the scored weights bit for bit; else the run is left as it was and says
     why. The base retrains nothing."""
-    logger.info(f"[compare] {run_dir.name}: scoring {', '.join(missing)}" + ("" if method == "base" else
+    a, precision, _ = this.arms[arm]
+    logger.info(f"[compare] {run_dir.name}: scoring {', '.join(missing)}" + ("" if a.method == "base" else
                 " on its weights trained again, checked step by step against its train_log.jsonl"))
     try:
-        model, tokenizer, weights = retrained(this.args.model, method, run_dir, this.precision, this.device,
+        model, tokenizer, weights = retrained(this.args.model, a.method, run_dir, precision, this.device,
                                               this.progress)
     except NotTheScoredWeights as why:
         logger.warning(f"[compare] {run_dir.name}: {', '.join(missing)} not scored: {why} (the other tasks stand).")
         return {**run, "unfilled": {"tasks": missing, "why": str(why)}}
-    scored = _evaluate_arm(this, merged_for_evaluation(model), tokenizer, run_dir, weights, only=missing)[0]
+    scored = _evaluate_arm(this, arm, merged_for_evaluation(model), tokenizer, run_dir, weights, only=missing)[0]
     run = {**run, "tasks": {**run["tasks"], **scored}}
     if this.ranks.is_main:
         write_json(run_dir / "result.json", run)
@@ -273,17 +286,17 @@ def _fill_missing(this: _Pass, run: dict, method: str, run_dir: Path, missing: l
     return run
 
 
-def _evaluate_arm(this: _Pass, model, tokenizer, run_dir: Path, weights: str,
+def _evaluate_arm(this: _Pass, arm: str, model, tokenizer, run_dir: Path, weights: str,
                   only: list[str] | None = None) -> tuple[dict, dict]:
     """Every task's metrics and seconds. Each finished task is kept, and each scored batch of the task in progress
     (`.eval.TASK.journal`), so an evaluation stopped part-way resumes at the batch it was in, if the weights are the
     very ones it scored (a run retrained elsewhere may differ in the last bit). A resumed task's seconds are those
     of its last process."""
-    args, eval_cfg, progress = this.args, this.eval_cfg, this.progress
+    args, eval_cfg, progress, eval_precision = this.args, this.eval_cfg, this.progress, this.arms[arm][2]
     tasks, task_seconds = {}, {}
-    for task in only or (*default_tasks(), *eval_cfg.get("extra_tasks", ())):
+    for task in only or scored_tasks(eval_cfg):
         done_task, items = run_dir / f"eval.{task}.json", run_dir / f"items.{task}.jsonl"
-        setting = {**eval_setting(task, eval_cfg, this.limits, this.eval_precision), "weights": weights}
+        setting = {**eval_setting(task, eval_cfg, this.limits, eval_precision), "weights": weights}
         limit = setting["limit"]  # a variant takes its task's limit
         recorded = json.loads(done_task.read_text()) if done_task.is_file() and kept(items) else {}
         if recorded.get("setting") == setting:
@@ -291,7 +304,7 @@ def _evaluate_arm(this: _Pass, model, tokenizer, run_dir: Path, weights: str,
             continue
         t0 = time.monotonic()
         res = evaluate(model, tokenizer, [task], protocol=eval_cfg["protocol"], limit=limit, data_dir=args.data_dir,
-                       max_length=eval_cfg["max_length"], precision=this.eval_precision.name, progress=progress,
+                       max_length=eval_cfg["max_length"], precision=eval_precision.name, progress=progress,
                        items_out=items, journal=run_dir / f".eval.{task}.journal", compile=args.compile,
                        journal_key=json.dumps(setting, sort_keys=True))
         tasks[task], task_seconds[task] = res["tasks"][task], time.monotonic() - t0
@@ -329,6 +342,8 @@ def summarise(runs: list[dict], methods: list[str], args: CompareArgs, protocol:
         mine = [r for r in runs if r["method"] == method]
         cells = {}
         for task, metric in columns(protocol):
+            if task not in mine[0]["tasks"]:  # a study that scores some tasks only
+                continue
             values = [r["tasks"][task][metric.name] for r in mine]
             stderr = mine[0]["tasks"][task].get(metric.name + "_stderr") if len(mine) == 1 else None
             cells[f"{task}.{metric.name}"] = {"mean": float(np.mean(values)), "ci95": _interval(values, stderr),

@@ -7,6 +7,9 @@ compare's one resume rule, one sweep and one plan function run it. What the file
 
 - `seeds` as a list, for a study that must not reuse the seeds an earlier one has seen;
 - METHOD@common, both methods at the one rate the sweep finds best for the two together;
+- named arms (`[arms.NAME]`): a method at a rate and in precisions of its own, so that one method in two precisions
+  is two arms;
+- the tasks to score (`[eval] tasks`), where compare scores every default task;
 - the analysis plan in the file, written to OUT/analysis_plan.json, where compare reads it;
 - `declared = true`: the file must be committed unchanged before a run starts, and every run records the file's
   SHA-256 and the commit that declared it, so that a run older than its plan can be found (runs_older_than_plan).
@@ -24,6 +27,7 @@ from pathlib import Path
 
 from ..runtime.files import write_json
 from ..training import TrainArgs
+from .arms import named_arm
 from .compare_args import PRESETS, CompareArgs
 from .scaling import ScalingArgs
 
@@ -35,8 +39,8 @@ STUDY_KEYS = {"name": "a short name, used in messages", "about": "what the study
                                 "same bits",
               "runner": "compare (methods on a pretrained model, the default) or scaling (variants trained from "
                         "scratch: the keys are then `preproj scaling`'s)"}
-TABLES = ("train", "eval", "sweep", "plan")
-EVAL_KEYS = ("protocol", "limits", "max_length", "extra_tasks")
+TABLES = ("train", "eval", "sweep", "plan", "arms")
+EVAL_KEYS = ("protocol", "tasks", "limits", "max_length", "extra_tasks")
 SWEEP_KEYS = {"rates": list, "steps": int, "seeds": int, "common": list}
 # compare's flags that a pass takes from the command line, not from a file, or that the file spells otherwise
 NOT_IN_FILE = ("report_only", "lr_sweep", "sweep_steps", "sweep_seeds", "steps", "limit", "lr")
@@ -92,6 +96,8 @@ def load_study(path: str | Path, **overrides) -> Study:
     base = PRESETS[preset_name]
     preset = {**base, "train": {**base["train"], **_table(spec, "train", path, _train_keys())},
               "eval": {**base["eval"], **_table(spec, "eval", path, EVAL_KEYS)}}
+    _check_tasks(path, preset["eval"])
+    preset["arms"] = _named_arms(path, spec)
     sweep = _table(spec, "sweep", path, tuple(SWEEP_KEYS))
     for key, kind in SWEEP_KEYS.items():
         if key in sweep and not isinstance(sweep[key], kind):
@@ -122,6 +128,42 @@ def load_study(path: str | Path, **overrides) -> Study:
     except TypeError as e:
         raise StudyFileError(f"{path}: {e}.") from None
     return _study(path, raw, spec, args, preset)
+
+
+def _check_tasks(path: Path, eval_cfg: dict) -> None:
+    from ..evaluation.tasks import TASK_TABLE
+
+    for key in ("tasks", "extra_tasks"):
+        names = eval_cfg.get(key, ())
+        if not isinstance(names, list | tuple) or not all(isinstance(t, str) and t in TASK_TABLE for t in names):
+            raise StudyFileError(f"{path}: eval.{key} must be a list of tasks from {', '.join(TASK_TABLE)}, got "
+                                 f"{names!r}.")
+    if "tasks" in eval_cfg and not eval_cfg["tasks"]:
+        raise StudyFileError(f"{path}: eval.tasks is empty; name the tasks to score, or leave it out for every "
+                             "default task.")
+
+
+def _named_arms(path: Path, spec: dict) -> dict:
+    """The file's [arms.NAME] tables, each checked, and each listed in methods."""
+    from ..runtime.precision import AUTO, PRECISIONS
+
+    table = spec.get("arms", {})
+    if not isinstance(table, dict):
+        raise StudyFileError(f"{path}: arms must be a table of tables ([arms.NAME]), got {table!r}.")
+    try:
+        arms = {name: named_arm(name, value) for name, value in table.items()}
+    except ValueError as e:
+        raise StudyFileError(f"{path}: {e}") from None
+    listed = spec.get("methods", [])
+    for a in arms.values():
+        for p in (a.precision, a.eval_precision):
+            if p is not None and p != AUTO and p not in PRECISIONS:
+                raise StudyFileError(f"{path}: arms.{a.name}: precision must be {AUTO} or one of "
+                                     f"{', '.join(PRECISIONS)}, got {p!r}.")
+        if a.name not in listed:
+            raise StudyFileError(f"{path}: arms.{a.name} is not in methods; list it there, where the arms' order "
+                                 "is the runs' order.")
+    return arms
 
 
 def _scaling_study(path: Path, raw: bytes, spec: dict, overrides: dict) -> Study:
