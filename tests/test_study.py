@@ -141,6 +141,32 @@ def test_the_bf16_question_reports_from_its_committed_item_files_as_committed(tm
     assert "bf16-frozen" in (copy / "report.md").read_text()
 
 
+def test_the_bf16_frozen_check_reports_from_its_committed_item_files_as_decided(tmp_path):
+    """studies/bf16-frozen-check.toml over a copy of results/bf16-frozen-check: every difference and interval is the
+    committed paired.json's, and the declared decision (each 95% interval inside its margin) holds as TOST at 0.025,
+    the LAMBADA drop detectable and inside its margin."""
+    import shutil
+
+    copy = tmp_path / "check"
+    shutil.copytree(ROOT / "results" / "bf16-frozen-check", copy)
+    text = (ROOT / "studies" / "bf16-frozen-check.toml").read_text().replace('"results/bf16-frozen-check"',
+                                                                             f'"{copy}"')
+    assert main(["study", "report", str(_write(tmp_path / "c.toml", text)), "--data-dir", str(tmp_path)]) == 0
+    results = json.loads((copy / "results.json").read_text())
+    assert results["new_runs"] == 0
+    found = {p["metric"]: p for p in results["paired"]}
+    committed = json.loads((ROOT / "results" / "bf16-frozen-check" / "paired.json").read_text())["paired"]
+    assert sorted(found) == sorted(p["metric"] for p in committed)
+    for p in committed:
+        assert [found[p["metric"]][k] for k in ("effect", "low", "high")] == pytest.approx(
+            [p["effect"], p["low"], p["high"]], rel=1e-12), p["metric"]
+    decision = json.loads((ROOT / "results" / "bf16-frozen-check" / "decision.json").read_text())
+    for task in decision["tasks"]:
+        assert found[task["metric"]]["equivalence"]["p"] < 0.025, task["metric"]
+    assert found["lambada.acc"]["verdict"] == "worse"
+    assert "lambada.acc: worse (-0.004 [-0.007, -0.001], inside ±0.01)" in (copy / "report.md").read_text()
+
+
 def test_seeds_by_name_and_arms_at_the_common_rate():
     assert run_plan(["base", "skip"], [45, 46], "skip") == [("base", 45), ("skip", 45), ("skip", 46)]
     assert run_plan(["base", "skip"], 2, "skip") == [("base", 42), ("skip", 42), ("skip", 43)]
@@ -299,7 +325,7 @@ def test_named_arms_train_one_method_in_two_precisions_and_score_the_tasks_named
     path = _write(tmp_path / "arms.toml", f"""
 model = "{tiny_real_vocab_model}"
 out = "{out}"
-methods = ["base", "fp", "mixed"]
+methods = ["base", "fp", "mixed", "frozen"]
 precision = "fp32"
 eval_precision = "fp32"
 compile = false
@@ -310,6 +336,11 @@ lr = 1e-3
 method = "skip"
 lr = 1e-3
 precision = "bf16-mixed"
+[arms.frozen]  # trained on a bf16 base, scored on the float32 one
+method = "skip"
+lr = 1e-3
+precision = "bf16-frozen"
+eval_precision = "fp32"
 [train]
 data = "{corpus}"
 seq_len = 32
@@ -325,10 +356,20 @@ max_length = 256
 """)
     assert main(["study", "run", str(path), "--data-dir", str(data_dir())]) == 0
     results = json.loads((out / "results.json").read_text())
-    assert list(results["methods"]) == ["base", "fp", "mixed"]
+    assert list(results["methods"]) == ["base", "fp", "mixed", "frozen"]
     assert results["arms"] == {"fp": {"method": "skip", "precision": "fp32", "eval_precision": "fp32"},
-                               "mixed": {"method": "skip", "precision": "bf16-mixed", "eval_precision": "fp32"}}
-    for name, precision in (("fp", "fp32"), ("mixed", "bf16-mixed")):
+                               "mixed": {"method": "skip", "precision": "bf16-mixed", "eval_precision": "fp32"},
+                               "frozen": {"method": "skip", "precision": "bf16-frozen", "eval_precision": "fp32"}}
+    # the frozen arm's saved adapter, loaded onto the float32 base as `preproj eval --adapter` loads it, scores the
+    # same numbers as the arm's own evaluation
+    from preproj import EvalArgs, evaluate
+
+    again = evaluate(EvalArgs(model=str(tiny_real_vocab_model), adapter=str(out / "frozen-seed42"), tasks="lambada",
+                              limit=3, max_length=256, precision="fp32", compile=False, data_dir=str(data_dir())),
+                     progress=False)
+    assert again["tasks"]["lambada"]["acc"] == results["methods"]["frozen"]["metrics"]["lambada.acc"]["mean"]
+    assert json.loads((out / "frozen-seed42" / "eval.lambada.json").read_text())["result"] == again["tasks"]["lambada"]
+    for name, precision in (("fp", "fp32"), ("mixed", "bf16-mixed"), ("frozen", "bf16-frozen")):
         run = out / f"{name}-seed42"
         assert (run / "result.json").is_file()
         assert json.loads((run / "train_config.json").read_text())["precision"] == precision

@@ -208,6 +208,14 @@ def verdict_in(entry: dict, family: str | None, alpha: float) -> str:
     return f"equivalent within {margin}" if equivalent_in(entry, family, alpha) else f"undecided at {margin}"
 
 
+def inside_margin(entry: dict, family: str | None, alpha: float) -> str:
+    """', inside ±m' for a detected difference that the equivalence test also puts inside its margin: real, and too
+    small to matter by the plan's own margin; '' otherwise."""
+    if verdict_in(entry, family, alpha) in ("better", "worse") and equivalent_in(entry, family, alpha):
+        return f", inside ±{entry['equivalence']['margin']:g}"
+    return ""
+
+
 def interval_text(entry: dict) -> str:
     """'+0.021 [+0.003, +0.040]': the effect and its 95% interval in the metric's digits."""
     f = f"{{:+.{digits(entry['metric'])}f}}"
@@ -225,7 +233,7 @@ def describe_entry(entry: dict, alpha: float = 0.05) -> str:
     text = f"{interval_text(entry)} p {p_text(entry['p'], alpha)}"
     if q is not None:
         text += f", adj. {p_text(q, alpha)}"
-    text += f": {entry['verdict']}"
+    text += f": {entry['verdict']}{inside_margin(entry, entry.get('decided_by'), alpha)}"
     if entry["verdict"] == "no detectable difference":
         text += f" (would detect ±{entry['mde']:.{d}f})"
     if entry["verdict"].startswith("undecided"):

@@ -9,7 +9,16 @@ import numpy as np
 
 from ..evaluation.tasks import Metric, columns
 from ..runtime.provenance import describe
-from .pairing import column_names, digits, family_sizes, interval_text, other_convention, plan_alpha, verdict_in
+from .pairing import (
+    column_names,
+    digits,
+    family_sizes,
+    inside_margin,
+    interval_text,
+    other_convention,
+    plan_alpha,
+    verdict_in,
+)
 from .paper import PAPER_COLUMNS, PAPER_TABLE, claims_table
 from .stats import RULE, p_text
 
@@ -182,6 +191,7 @@ def question_table(report: dict) -> list[str]:
         elif answer.startswith("undecided"):
             n = entry["equivalence"].get("seeds_to_decide")
             answer += f" ({n} seeds would decide it)" if n else " (more seeds would not decide it on these items)"
+        answer += inside_margin(entry, family["name"], alpha)
         if entry.get("fragile") and entry.get("decided_by") == family["name"]:
             answer += ", fragile"
         lines.append(f"| {name} | {entry['seeds'][1]} v {entry['seeds'][0]}, {entry.get('test', '–')} | "
@@ -257,7 +267,8 @@ def paired_paragraph(report: dict) -> str:
     else:
         said = " Detectable after correction: " + "; ".join(
             f"{p['method']} vs {p['reference']} on {p['metric']}: {p['verdict']} ({p['text'].split(' p ')[0]}"
-            + (", fragile" if p.get("fragile") else "") + ")" for p in called) + "."
+            + inside_margin(p, p.get("decided_by"), plan_alpha(plan)) + (", fragile" if p.get("fragile") else "")
+            + ")" for p in called) + "."
         rest = [p for p in paired if p not in called]
         raw = [p for p in rest if p.get("raw_verdict", p["verdict"]) in DIFFERENT]
         if rest:

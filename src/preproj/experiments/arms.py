@@ -93,11 +93,12 @@ def arm(name: str, named: dict[str, Arm] | None = None) -> Arm:
 
 
 def arm_precisions(a: Arm, precision: Precision, eval_precision: Precision, device) -> tuple[Precision, Precision]:
-    """An arm's training and evaluation precisions (its own where it names them), which must load the base alike:
-    the base an arm is scored on is then exactly the one it was trained on."""
+    """An arm's training and evaluation precisions (its own where it names them), which load the base alike, so that
+    the base an arm is scored on is exactly the one it was trained on; unless the arm names its own evaluation
+    precision, as a check of the training precision alone does (scored on the base that precision loads)."""
     train_p = as_precision(a.precision, device) if a.precision else precision
     eval_p = as_precision(a.eval_precision, device) if a.eval_precision else eval_precision
-    if eval_p.weights != train_p.weights:
+    if eval_p.weights != train_p.weights and not a.eval_precision:
         raise ValueError(f"eval precision {eval_p.name} loads weights in {eval_p.weights}, training precision "
                          f"{train_p.name} in {train_p.weights}" + (f" (arm {a.name})" if a.name != a.method else "")
                          + ": pick two that load the base alike.")

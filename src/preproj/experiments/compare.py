@@ -32,8 +32,8 @@ from ..analysis.stats import (
     t_interval,
     two_seeds_note,
 )
-from ..evaluation.runner import evaluate
-from ..evaluation.tasks import columns, default_tasks
+from ..evaluation.runner import evaluate, load_scored
+from ..evaluation.tasks import columns
 from ..methods.lora import merged_for_evaluation
 from ..methods.registry import METHODS, default_methods
 from ..runtime import distributed as ddist
@@ -48,7 +48,7 @@ from ..training.loop import resolved_args
 from .arms import COMMON, Arm, arm, arm_precisions, run_plan, seed_list
 from .compare_args import PRESETS, CompareArgs
 from .retrain import NotTheScoredWeights, retrain_dir, retrained, trained_weights_digest
-from .reuse import eval_setting, finished_run, read_log
+from .reuse import eval_setting, finished_run, read_log, scored_tasks
 from .sweep import common_rate, sweep_learning_rates
 
 logger = logging.getLogger(__name__)
@@ -191,11 +191,6 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
     return report
 
 
-def scored_tasks(eval_cfg: dict) -> tuple[str, ...]:
-    """The tasks a comparison scores: those its evaluation names, else every default task, then its extra ones."""
-    return (*(eval_cfg.get("tasks") or default_tasks()), *eval_cfg.get("extra_tasks", ()))
-
-
 def _recorded(out: Path, key: str):
     """A field of the comparison's last results.json (None when there is none)."""
     try:
@@ -245,8 +240,7 @@ def _run_arm(this: _Pass, arm: str, seed: int, lr: float | None, run_dir: Path) 
     if targs is not None:
         summary, model = train(targs, model, tokenizer, progress=this.progress)
     weights = trained_weights_digest(model)
-    model = merged_for_evaluation(model)  # a LoRA scores at the base's cost; the digest is of what was trained
-    tasks, task_seconds = _evaluate_arm(this, arm, model, tokenizer, run_dir, weights)
+    tasks, task_seconds = _evaluate_arm(this, arm, _scored(this, arm, model, run_dir), tokenizer, run_dir, weights)
     study = this.study
     result = {"method": arm, "seed": seed, "model": this.args.model, "tasks": tasks, "run_dir": run_dir.name,
               "lr": lr if summary else None,
@@ -265,6 +259,16 @@ def _run_arm(this: _Pass, arm: str, seed: int, lr: float | None, run_dir: Path) 
     return result
 
 
+def _scored(this: _Pass, arm: str, model, adapter_dir: Path):
+    """The model an arm's tasks score: a LoRA merged (the base's cost; the weights' digest is of what was trained),
+    and where the arm scores on a base loaded in another dtype, its saved adapter on that base."""
+    a, precision, eval_precision = this.arms[arm]
+    if eval_precision.weights != precision.weights:
+        model = load_scored(this.args.model, None if a.method == "base" else str(adapter_dir), eval_precision.name,
+                            str(this.device))[0]
+    return merged_for_evaluation(model)
+
+
 def _fill_missing(this: _Pass, run: dict, arm: str, run_dir: Path, missing: list[str]) -> dict:
     """A finished run's tasks added since it ran (its weights are not kept): scored on the run retrained from its
     recorded arguments only if that gives the scored weights bit for bit; else the run is left as it was and says
@@ -278,7 +282,8 @@ def _fill_missing(this: _Pass, run: dict, arm: str, run_dir: Path, missing: list
     except NotTheScoredWeights as why:
         logger.warning(f"[compare] {run_dir.name}: {', '.join(missing)} not scored: {why} (the other tasks stand).")
         return {**run, "unfilled": {"tasks": missing, "why": str(why)}}
-    scored = _evaluate_arm(this, arm, merged_for_evaluation(model), tokenizer, run_dir, weights, only=missing)[0]
+    scored = _evaluate_arm(this, arm, _scored(this, arm, model, retrain_dir(run_dir)), tokenizer, run_dir, weights,
+                           only=missing)[0]
     run = {**run, "tasks": {**run["tasks"], **scored}}
     if this.ranks.is_main:
         write_json(run_dir / "result.json", run)

@@ -8,6 +8,7 @@ import logging
 import math
 from pathlib import Path
 
+from ..evaluation.tasks import default_tasks
 from ..runtime.files import kept, read_jsonl
 from ..training import TrainArgs
 from ..training.args import changed_arguments
@@ -53,3 +54,8 @@ def eval_setting(task: str, eval_cfg: dict, limits: dict, eval_precision) -> dic
     """How a task is scored in this comparison (the weights' digest is added where they are known)."""
     return {"protocol": eval_cfg["protocol"], "limit": limits.get(task if task in limits else task.split("_")[0]),
             "max_length": eval_cfg["max_length"], "precision": eval_precision.name}
+
+
+def scored_tasks(eval_cfg: dict) -> tuple[str, ...]:
+    """The tasks a comparison scores: those its evaluation names, else every default task, then its extra ones."""
+    return (*(eval_cfg.get("tasks") or default_tasks()), *eval_cfg.get("extra_tasks", ()))
