@@ -90,6 +90,23 @@ def test_imports_point_down(path):
     assert not wrong, "imports that do not point down: " + "; ".join(wrong)
 
 
+def test_analysis_reads_only_what_tasks_declare():
+    """Of evaluation, analysis imports the task declarations (evaluation.tasks: the table, Task, Metric, read_items)
+    and nothing else, and those import neither the scoring engine nor the runner."""
+    wrong = []
+    for path in FILES:
+        me = module_name(path)
+        for target, _ in imports(path):
+            if part(me) == "analysis" and part(target) == "evaluation" and not target.startswith(
+                    "preproj.evaluation.tasks"):
+                wrong.append(f"{me} -> {target}")
+            if me.startswith("preproj.evaluation.tasks") and target in (
+                    "preproj.evaluation", "preproj.evaluation.engine", "preproj.evaluation.runner",
+                    "preproj.evaluation.harness"):
+                wrong.append(f"{me} -> {target}")
+    assert not wrong, "; ".join(wrong)
+
+
 def test_no_import_cycles_at_module_level():
     graph = {module_name(p): {t for t, top in imports(p) if top} for p in FILES if p.name != "__main__.py"}
     state: dict[str, int] = {}

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..evaluation import read_items
-from ..evaluation.tasks import TASK_TABLE, columns, paired_metrics
+from ..evaluation.tasks import TASK_TABLE, columns, paired_metrics, read_items
 from ..runtime.files import kept
 from .equivalence import equivalence
 from .paper import CLAIMS, claim_pairs

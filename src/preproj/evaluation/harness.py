@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import json
 import shutil
+from importlib import resources
 from pathlib import Path
 
 from torch import nn
 
-from ..data import LOCAL_FILES, split_articles
+from ..data import WIKITEXT_TEST
+from .tasks.arc_easy import reader as arc_easy
+from .tasks.hellaswag import reader as hellaswag
+from .tasks.lambada import reader as lambada
+from .tasks.wikitext.reader import split_articles
 
 
 def harness_lm(model: nn.Module, tokenizer, batch_size: int = 8, max_length: int | None = None):
@@ -36,57 +41,14 @@ def run_harness(model: nn.Module, tokenizer, tasks: list[str], *, limit: int | N
                                    bootstrap_iters=0, log_samples=False)
 
 
-YAMLS = {
-    "lambada": """task: preproj_lambada
-dataset_path: json
-dataset_kwargs: {{data_files: {{test: {path}}}}}
-output_type: loglikelihood
-test_split: test
-doc_to_text: "{{{{text.split(' ')[:-1]|join(' ')}}}}"
-doc_to_target: "{{{{' '+text.split(' ')[-1]}}}}"
-metric_list:
-  - {{metric: perplexity, aggregation: perplexity, higher_is_better: false}}
-  - {{metric: acc, aggregation: mean, higher_is_better: true}}
-""",
-    "wikitext": """task: preproj_wikitext
-dataset_path: json
-dataset_kwargs: {{data_files: {{test: {path}}}}}
-output_type: loglikelihood_rolling
-test_split: test
-doc_to_text: ""
-doc_to_target: !function preprocess_wikitext.wikitext_detokenizer
-process_results: !function preprocess_wikitext.process_results
-metric_list:
-  - metric: word_perplexity
-  - metric: byte_perplexity
-  - metric: bits_per_byte
-""",
-    "hellaswag": """task: preproj_hellaswag
-dataset_path: json
-dataset_kwargs: {{data_files: {{validation: {path}}}}}
-output_type: multiple_choice
-validation_split: validation
-process_docs: !function utils.process_docs
-doc_to_text: "{{{{query}}}}"
-doc_to_target: "{{{{label}}}}"
-doc_to_choice: "choices"
-metric_list:
-  - {{metric: acc, aggregation: mean, higher_is_better: true}}
-  - {{metric: acc_norm, aggregation: mean, higher_is_better: true}}
-""",
-    "arc_easy": """task: preproj_arc_easy
-dataset_path: json
-dataset_kwargs: {{data_files: {{test: {path}}}}}
-output_type: multiple_choice
-test_split: test
-doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
-doc_to_target: "{{{{choices.label.index(answerKey)}}}}"
-doc_to_choice: "{{{{choices.text}}}}"
-metric_list:
-  - {{metric: acc, aggregation: mean, higher_is_better: true}}
-  - {{metric: acc_norm, aggregation: mean, higher_is_better: true}}
-""",
-}
+# The tasks with a local copy for the harness, in the order they are written; each folder under tasks/ holds its
+# config as harness.yaml, with {path} where the data file's path goes.
+HARNESS_TASKS = ("lambada", "wikitext", "hellaswag", "arc_easy")
+
+
+def harness_yaml(task: str) -> str:
+    """The task's lm-evaluation-harness config (evaluation/tasks/<task>/harness.yaml), {path} still in it."""
+    return resources.files(f"{__package__}.tasks.{task}").joinpath("harness.yaml").read_text(encoding="utf-8")
 
 
 def write_local_tasks(root: Path, data: Path, wikitext_docs: int | None = None) -> list[str]:
@@ -96,26 +58,27 @@ def write_local_tasks(root: Path, data: Path, wikitext_docs: int | None = None) 
     import lm_eval
 
     tasks = Path(lm_eval.__file__).parent / "tasks"
-    for task in YAMLS:
+    for task in HARNESS_TASKS:
         (root / task).mkdir(parents=True, exist_ok=True)
     shutil.copy(tasks / "wikitext" / "preprocess_wikitext.py", root / "wikitext")
     shutil.copy(tasks / "hellaswag" / "utils.py", root / "hellaswag")
     files = {
-        "lambada": data / LOCAL_FILES["lambada"],
-        "hellaswag": data / LOCAL_FILES["hellaswag"],
+        "lambada": data / lambada.TEST.file,
+        "hellaswag": data / hellaswag.VALIDATION.file,
         "wikitext": root / "wikitext" / "pages.jsonl",
         "arc_easy": root / "arc_easy" / "arc_easy_test.jsonl",
     }
     with open(files["wikitext"], "w") as f:
-        for page in split_articles((data / LOCAL_FILES["wikitext"]).read_text())[:wikitext_docs]:
+        for page in split_articles((data / WIKITEXT_TEST.file).read_text())[:wikitext_docs]:
             f.write(json.dumps({"page": page}) + "\n")
-    with open(data / LOCAL_FILES["arc_easy"]) as src, open(files["arc_easy"], "w") as dst:
+    with open(data / arc_easy.TEST.file) as src, open(files["arc_easy"], "w") as dst:
         for line in src:  # AI2's JSONL -> allenai/ai2_arc's columns
             r = json.loads(line)
             choices = r["question"]["choices"]
             dst.write(json.dumps({"id": r["id"], "question": r["question"]["stem"], "answerKey": r["answerKey"],
                                   "choices": {"text": [c["text"] for c in choices],
                                               "label": [c["label"] for c in choices]}}) + "\n")
-    for task, template in YAMLS.items():
-        (root / task / f"preproj_{task}.yaml").write_text(template.format(path=json.dumps(str(files[task]))))
-    return [f"preproj_{task}" for task in YAMLS]
+    for task in HARNESS_TASKS:
+        (root / task / f"preproj_{task}.yaml").write_text(harness_yaml(task).replace("{path}",
+                                                                                      json.dumps(str(files[task]))))
+    return [f"preproj_{task}" for task in HARNESS_TASKS]

@@ -16,7 +16,7 @@ from ..core.adapter import describe_adapter, load_adapter
 from ..core.compiling import compiled_blocks, wants_compile
 from ..methods.lora import merged_lora
 from ..runtime import distributed as ddist
-from ..runtime.files import read_jsonl, write_json, write_jsonl
+from ..runtime.files import write_json, write_jsonl
 from ..runtime.loading import load_model, model_max_length, trained_weights_digest
 from ..runtime.precision import check_weights_dtype, resolve_device
 from ..runtime.precision import precision as as_precision
@@ -69,14 +69,6 @@ class EvalArgs:
     items: bool = False
     """Also write one record per item (log-likelihoods, correctness, token and byte counts) to OUT's name with
     .items.jsonl, so that any two runs on the same items can be compared pairwise later."""
-
-
-def read_items(path: str | Path) -> dict[str, list[dict]]:
-    """{task: [record, ...]} from a file that `evaluate(..., items_out=...)` wrote."""
-    by_task: dict[str, list[dict]] = {}
-    for record in read_jsonl(path):
-        by_task.setdefault(record.pop("task"), []).append(record)
-    return by_task
 
 
 def parse_tasks(tasks: str | list[str]) -> list[str]:

@@ -1,8 +1,20 @@
-"""The task table: every evaluation task, one file each, in the order of compare's columns.
+"""The task table: every evaluation task, one folder each, in the order of compare's columns.
 
-A task file declares how its items are read and scored under each protocol and which metrics it has (name, header,
-higher-is-better, statistic); `preproj eval`, compare's table, the paired comparisons and the paper's claims all read
-them from here. To add a task, write a file like lambada.py and add its TASK below (or call register_task).
+A task is a folder, `tasks/<name>/`, that holds everything about it:
+
+- `__init__.py`: its `TASK`, how its items are scored under each protocol and which metrics it has (name, header,
+  higher-is-better, statistic);
+- `reader.py`: its items, read from the data directory or the Hub and preprocessed (data.py keeps only the data
+  directory's lookups, the training corpora and the WikiText files that training reads too);
+- `harness.yaml`: its lm-evaluation-harness config for `harness.write_local_tasks`, where it has one;
+- `README.md`: what it measures under each protocol, its metrics and their statistic, after docs/method.md.
+
+A variant of a task lives in its parent's folder: hellaswag/full.py (hellaswag_full) and wikitext/file.py
+(wikitext_file). To add a task, copy the lambada folder and add its TASK below (or call register_task).
+
+The declarations (this table, base.py's Task and Metric, and read_items for the per-item records) sit below the
+scoring engine and the runner: analysis (paired comparisons, compare's report, the paper's claims) imports them from
+here and nothing else of evaluation, and `preproj eval` reads the same ones.
 
 protocol "harness" (default): the metric definitions of lm-evaluation-harness 0.4.x (lambada_openai, wikitext,
 hellaswag, arc_easy), including its tokenisation of (context, continuation) pairs and its rolling windows for
@@ -13,8 +25,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import arc_easy, hellaswag, hellaswag_full, lambada, wikitext, wikitext_file
-from .base import PAPER_LIMIT, PROTOCOLS, Metric, Task, mean_stderr, ratio_stderr
+from . import arc_easy, hellaswag, lambada, wikitext
+from .base import PAPER_LIMIT, PROTOCOLS, Metric, Task, mean_stderr, ratio_stderr, read_items
+from .hellaswag import full as hellaswag_full
+from .wikitext import file as wikitext_file
 
 TASK_TABLE: dict[str, Task] = {t.TASK.name: t.TASK for t in (lambada, hellaswag, arc_easy, wikitext, wikitext_file,
                                                                hellaswag_full)}
@@ -59,4 +73,4 @@ def run_task(score, name: str, protocol: str, limit: int | None, data_dir: Path 
 
 
 __all__ = ["TASK_TABLE", "Task", "Metric", "register_task", "default_tasks", "task", "columns", "paired_metrics",
-           "run_task", "PROTOCOLS", "PAPER_LIMIT", "mean_stderr", "ratio_stderr"]
+           "run_task", "read_items", "PROTOCOLS", "PAPER_LIMIT", "mean_stderr", "ratio_stderr"]

@@ -1,12 +1,16 @@
-"""What a task declares: how its items are read and scored under each protocol, and its metrics."""
+"""What a task declares: how its items are read and scored under each protocol, and its metrics; and the per-item
+records, read back by task."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+
+from ...runtime.files import read_jsonl
 
 PROTOCOLS = ("harness", "paper")
 PAPER_LIMIT = 500  # docs/method.md, the frozen probe: the first 500 items of each task
@@ -33,7 +37,8 @@ class Metric:
 
 @dataclass(frozen=True)
 class Task:
-    """One evaluation task: one file under evaluation/tasks/ declares it and registers it."""
+    """One evaluation task: the folder evaluation/tasks/<name>/ declares it as its TASK (a variant, in its parent's
+    folder)."""
 
     name: str
     """The name `--tasks` takes."""
@@ -47,6 +52,15 @@ class Task:
     missing here is one the task does not have."""
     default: bool = True
     """Run unless tasks are named, with a column in compare's table; False for variants asked for by name."""
+
+
+def read_items(path: str | Path) -> dict[str, list[dict]]:
+    """{task: [record, ...]} from a file that `evaluate(..., items_out=...)` wrote: the records each task's run
+    appended, which its metrics' item_value read."""
+    by_task: dict[str, list[dict]] = {}
+    for record in read_jsonl(path):
+        by_task.setdefault(record.pop("task"), []).append(record)
+    return by_task
 
 
 def first(items: list, limit: int | None) -> list:

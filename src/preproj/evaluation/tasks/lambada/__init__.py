@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from ... import data
-from .base import PAPER_MAX_TOKENS, Metric, Task, accuracy_metric, first, mean_stderr
+from ..base import PAPER_MAX_TOKENS, Metric, Task, accuracy_metric, first, mean_stderr
+from .reader import lambada
 
 
 def harness(score, docs: list[dict], items: list | None = None) -> dict:
@@ -42,7 +42,7 @@ def paper(score, docs: list[dict], items: list | None = None) -> dict:
 
 def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None,
         notes: list | None = None) -> dict:
-    docs = first(data.lambada(data_dir), limit)
+    docs = first(lambada(data_dir), limit)
     return harness(score, docs, items) if protocol == "harness" else paper(score, docs, items)
 
 

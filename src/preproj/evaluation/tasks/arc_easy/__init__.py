@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from ... import data
-from .base import Task, accuracy_metric, first, multiple_choice
+from ..base import Task, accuracy_metric, first, multiple_choice
+from .reader import arc_easy
 
 
 def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None,
         notes: list | None = None) -> dict:
     if protocol == "harness":
-        docs = first(data.arc_easy(data_dir, "test"), limit)
+        docs = first(arc_easy(data_dir, "test"), limit)
         return multiple_choice(score, docs, lambda d: f"Question: {d['question']}\nAnswer:", lambda d: d["choices"],
                                "arc_easy", False, items)
-    docs = first(data.arc_easy(data_dir, "validation"), limit)
+    docs = first(arc_easy(data_dir, "validation"), limit)
     return multiple_choice(score, docs, lambda d: d["question"], lambda d: d["choices"], "arc_easy (paper)", True,
                            items)
 

@@ -1,4 +1,5 @@
-"""WikiText-2 test: perplexity of whole documents (the harness) or of the paper's rows of the validation split."""
+"""WikiText-2 test: perplexity of whole documents (the harness) or of the paper's rows of the validation split. Its
+variant wikitext_file (the test documents in the file's own format) is file.py."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import re
 
 import numpy as np
 
-from ... import data
-from .base import PAPER_MAX_TOKENS, Metric, Task, first, mean_stderr, ratio_stderr
+from ..base import PAPER_MAX_TOKENS, Metric, Task, first, mean_stderr, ratio_stderr
+from .reader import wikitext_detokenize, wikitext_documents, wikitext_rows
 
 # the author's perplexity rule (docs/method.md: the frozen probe)
 PAPER_WIKITEXT_ROWS, PAPER_MIN_CHARS, PAPER_MIN_TOKENS = 300, 50, 10
@@ -19,7 +20,7 @@ def harness(score, docs: list[dict], items: list | None = None, *, detokenize: b
     file's text; detokenize=False scores each page as the file has it (spaced punctuation)."""
     windows, owner = [], []
     for i, doc in enumerate(docs):
-        text = data.wikitext_detokenize(doc["page"]) if detokenize else doc["page"]
+        text = wikitext_detokenize(doc["page"]) if detokenize else doc["page"]
         for w in score.rolling_windows(score.harness_encode(text)):
             windows.append(w)
             owner.append(i)
@@ -71,8 +72,8 @@ def paper(score, rows: list[str], items: list | None = None) -> dict:
 def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None,
         notes: list | None = None) -> dict:
     if protocol == "harness":
-        return harness(score, first(data.wikitext_documents(data_dir), limit), items)
-    return paper(score, data.wikitext_rows("valid", data_dir), items)  # the author's own rows, whatever the limit
+        return harness(score, first(wikitext_documents(data_dir), limit), items)
+    return paper(score, wikitext_rows("valid", data_dir), items)  # the author's own rows, whatever the limit
 
 
 # Documents are scored as ratios of sums (a document's negative log-likelihood over its words or tokens).

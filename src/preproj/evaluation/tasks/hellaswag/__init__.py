@@ -1,9 +1,10 @@
-"""HellaSwag: choose the ending of a situation; acc and acc_norm (harness), mean per-token acc (paper)."""
+"""HellaSwag: choose the ending of a situation; acc and acc_norm (harness), mean per-token acc (paper). Its variant
+hellaswag_full (llama.cpp's 10,042 items) is full.py."""
 
 from __future__ import annotations
 
-from ... import data
-from .base import Task, accuracy_metric, first, multiple_choice
+from ..base import Task, accuracy_metric, first, multiple_choice
+from .reader import hellaswag, hellaswag_in_order
 
 
 def score_docs(score, docs: list[dict], protocol: str, desc: str, items: list | None) -> dict:
@@ -16,11 +17,11 @@ def score_docs(score, docs: list[dict], protocol: str, desc: str, items: list | 
 def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None,
         notes: list | None = None) -> dict:
     if protocol == "paper":  # the author's first N, in the validation set's order
-        docs, source = data.hellaswag_in_order(data_dir)
+        docs, source = hellaswag_in_order(data_dir)
         if notes is not None:
             notes.append(source)
     else:
-        docs = data.hellaswag(data_dir)
+        docs = hellaswag(data_dir)
     return score_docs(score, first(docs, limit), protocol, "hellaswag", items)
 
 

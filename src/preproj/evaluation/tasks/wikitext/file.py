@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ... import data
-from . import wikitext
-from .base import Task, first, no_protocol
+from ..base import Task, first, no_protocol
+from . import HELDOUT_LOSS, WORD_PERPLEXITY, harness
+from .reader import wikitext_documents
 
 
 def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None,
@@ -15,10 +15,10 @@ def run(score, protocol: str, limit: int | None, data_dir, items: list | None = 
     if protocol != "harness":
         raise no_protocol("wikitext_file", protocol, "it is the harness protocol's WikiText in the file's own format; "
                           "the paper protocol scores its own WikiText rows (task wikitext).")
-    return wikitext.harness(score, first(data.wikitext_documents(data_dir), limit), items, detokenize=False)
+    return harness(score, first(wikitext_documents(data_dir), limit), items, detokenize=False)
 
 
 TASK = Task("wikitext_file", "WikiText-2 test in the file's own format (the training text's)", run,
-            {"harness": (replace(wikitext.WORD_PERPLEXITY, header="WikiText (file format) word PPL"),
-                         replace(wikitext.HELDOUT_LOSS, header="WikiText (file format) loss/token"))},
+            {"harness": (replace(WORD_PERPLEXITY, header="WikiText (file format) word PPL"),
+                         replace(HELDOUT_LOSS, header="WikiText (file format) loss/token"))},
             default=False)

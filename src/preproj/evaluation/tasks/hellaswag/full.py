@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from ... import data
-from . import hellaswag
-from .base import Task, first
+from ..base import Task, first
+from . import score_docs
+from .reader import FULL_NOTE, hellaswag
 
 
 def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None,
         notes: list | None = None) -> dict:
-    result = hellaswag.score_docs(score, first(data.hellaswag(data_dir, full=True), limit), protocol, "hellaswag_full",
-                                  items)
+    result = score_docs(score, first(hellaswag(data_dir, full=True), limit), protocol, "hellaswag_full", items)
     if notes is not None:
-        notes.append(data.HELLASWAG_FULL_NOTE)
+        notes.append(FULL_NOTE)
     return result
 
 
