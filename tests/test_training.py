@@ -136,7 +136,7 @@ def test_a_resume_with_other_arguments_is_refused_and_train_config_is_written_on
     with pytest.raises(KeyboardInterrupt):
         train(args, model, CharTokenizer(), progress=False)
     recorded = (tmp_path / "run" / "train_config.json").read_text()
-    with pytest.raises(ValueError, match=r"\(steps 6 -> 9; lr 0\.01 -> 0\.05\); resume it with the recorded ones"):
+    with pytest.raises(ValueError, match=r"\(lr 0\.01 -> 0\.05; steps 6 -> 9\); resume it with the recorded ones"):
         train(replace(args, lr=0.05, steps=9, resume=True), tiny_model("llama"), CharTokenizer(), progress=False)
     assert (tmp_path / "run" / "train_config.json").read_text() == recorded
     # what only changes logging may differ; the run ends as an uninterrupted one would, its config unchanged

@@ -49,20 +49,38 @@ def _add_dataclass_args(parser: argparse.ArgumentParser, cls, choices: dict | No
     """One --flag per dataclass field; the help text is the field's docstring (litgpt-style), followed by the
     field's choices where a table holds them (choices: field -> a function listing them, as the table is now)."""
     docs = _field_docs(cls)
-    for f in dataclasses.fields(cls):
+    sections = {}  # an argument group's flags under its own heading in --help, as the dataclass groups them
+    for f in _own_fields_first(cls):
+        group = _declared_by(cls, f)
+        if group is cls:
+            target = parser
+        elif group not in sections:
+            target = sections[group] = parser.add_argument_group(group.__doc__.splitlines()[0].rstrip("."))
+        else:
+            target = sections[group]
         flag = "--" + f.name.replace("_", "-")
         listed = f" One of: {', '.join(choices[f.name]())}." if choices and f.name in choices else ""
         help_text = f"{docs.get(f.name, '')}{listed} (default: {f.default})".replace("%", "%%")
         if f.type in (bool, "bool"):
             action = argparse.BooleanOptionalAction if f.default else "store_true"  # a default of True needs --no-X
-            parser.add_argument(flag, action=action, default=f.default, help=help_text)
+            target.add_argument(flag, action=action, default=f.default, help=help_text)
             continue
         if str(f.type) == "bool | None":  # --X, --no-X, or neither: the default decides
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+            target.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
                                 help=help_text.replace("(default: None)", "(default: auto)"))
             continue
         kind = {"int | None": int, "str | None": str, "float | None": float}.get(str(f.type), type(f.default))
-        parser.add_argument(flag, type=_typed(f.name, kind), default=f.default, help=help_text)
+        target.add_argument(flag, type=_typed(f.name, kind), default=f.default, help=help_text)
+
+
+def _declared_by(cls, f: dataclasses.Field) -> type:
+    """The argument group that declares a field (a group's field that the command redeclares stays the group's)."""
+    return [k for k in cls.__mro__ if f.name in getattr(k, "__annotations__", {})][-1]
+
+
+def _own_fields_first(cls) -> list[dataclasses.Field]:
+    """The fields in --help's order: the command's own, then each argument group's (dataclasses put a base's first)."""
+    return sorted(dataclasses.fields(cls), key=lambda f: cls.__mro__.index(_declared_by(cls, f)))
 
 
 def _args(ns: argparse.Namespace, cls):
@@ -74,12 +92,12 @@ def _field_docs(cls) -> dict[str, str]:
     import inspect
     import textwrap
 
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body
     docs = {}
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-            docs[node.target.id] = str(nxt.value.value)
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):  # a subclass's help wins
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        for node, nxt in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+                docs[node.target.id] = str(nxt.value.value)
     return docs
 
 

@@ -210,7 +210,8 @@ def verdict_in(entry: dict, family: str | None, alpha: float) -> str:
 def inside_margin(entry: dict, family: str | None, alpha: float) -> str:
     """', inside ±m' for a detected difference that the equivalence test also puts inside its margin: real, and too
     small to matter by the plan's own margin; '' otherwise."""
-    if verdict_in(entry, family, alpha) in ("better", "worse") and equivalent_in(entry, family, alpha):
+    if "equivalence" in entry and verdict_in(entry, family, alpha) in ("better", "worse") \
+            and equivalent_in(entry, family, alpha):
         return f", inside ±{entry['equivalence']['margin']:g}"
     return ""
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..runtime.precision import DeviceArgs
+
 PRESETS = {
     # Sized for the embedded SmolLM2-135M on 2 CPU cores (README gives its time, measured, with the CPU).
     # One precision trains every method; one evaluates every method, the base included (the two load the
@@ -45,8 +47,8 @@ PRESETS = {
 
 
 @dataclass
-class CompareArgs:
-    """Arguments of `preproj compare`."""
+class CompareArgs(DeviceArgs):
+    """Arguments of `preproj compare` (the device group's for training and scoring alike)."""
 
     model: str = "smollm2-135m"
     """Embedded name, Hugging Face hub id or local directory."""
@@ -82,11 +84,6 @@ class CompareArgs:
     eval_precision: str | None = None
     """Override the preset's evaluation precision, the same for every method and the base; it must load the base
     in the training precision's dtype."""
-    compile: bool | None = None
-    """torch.compile each decoder block, for training and scoring alike (default: where faster, a GPU or bf16 on a
-    CPU; --no-compile runs eager)."""
-    device: str = "auto"
-    """auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps."""
     strategy: str = "ddp"
     """Under torchrun: ddp or fsdp for the training runs (evaluation splits items across processes)."""
     report_to: str = "none"

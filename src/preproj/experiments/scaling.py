@@ -20,8 +20,9 @@ import torch
 
 from ..data import resolve_data_dir, training_corpus
 from ..runtime.files import atomic_write, read_jsonl, write_json
-from ..runtime.precision import compute_context
+from ..runtime.precision import DeviceArgs, compute_context
 from ..training import TrainingDiverged
+from ..training.args import ScratchDataArgs
 from ..training.scratch import (
     PretrainArgs,
     Shape,
@@ -41,8 +42,9 @@ from .scaling_report import plots, report_markdown
 logger = logging.getLogger(__name__)
 
 @dataclass
-class ScalingArgs:
-    """Arguments of `preproj scaling`."""
+class ScalingArgs(DeviceArgs, ScratchDataArgs):
+    """Arguments of `preproj scaling`: the grid, its learning rates and its timing, with `preproj pretrain`'s data
+    and device groups (training/args.py), the same for every run."""
 
     out: str = "runs/scaling"
     """Output directory: one pretrain run per size/variant/seed, report.md, results.json, plots."""
@@ -57,28 +59,6 @@ class ScalingArgs:
     pre-mlp, preproj+skip+gate)."""
     seeds: int = 3
     """Seeds per variant; seed i sets the initialisation and the data order of every variant's run i."""
-    tokens: int = 1_000_000
-    """Training tokens per run (patches or tubelets for a vision task)."""
-    epochs: float | None = None
-    """Vision tasks: passes over the training set per run, instead of --tokens."""
-    patch_size: int | None = None
-    """Vision tasks: as `preproj pretrain --patch-size` (default: the task's)."""
-    frames: int = 16
-    """Moving MNIST: frames per clip."""
-    context: int = 10
-    """moving-mnist: frames given."""
-    tubelet: int = 2
-    """Moving MNIST: frames per token."""
-    position: str = "rope"
-    """Vision tasks: rope or learned, as `preproj pretrain --position`."""
-    data: str = "wikitext2-train"
-    """Training text (raw valid scores selection-free validation, raw test the reported perplexity)."""
-    data_dir: str | None = None
-    """Directory laid out as ../shared/data; default $PREPROJ_DATA_DIR."""
-    tokenizer: str = "train:8192"
-    """One tokenizer for every run: train:N (a BPE trained on the training text) or a model's."""
-    seq_len: int = 128
-    """Tokens per sequence."""
     batch_size: int = 16
     """Sequences per step."""
     lr: float = 3e-3
@@ -94,10 +74,6 @@ class ScalingArgs:
     """Warmup steps."""
     precision: str = "auto"
     """Precision of every run (auto: bf16-mixed where bf16 matmuls are native, else fp32)."""
-    compile: bool | None = None
-    """torch.compile each decoder block of every run (default: where faster, a GPU or bf16 on a CPU)."""
-    device: str = "auto"
-    """auto, cpu, cuda, cuda:N or mps."""
     eval_every: int = 50
     """Held-out loss every N steps (the loss-versus-tokens curves)."""
     timing_rounds: int = 5
@@ -105,6 +81,9 @@ class ScalingArgs:
     report_only: bool = False
     """Recompute the comparisons from OUT/results.json under OUT/analysis_plan.json and rewrite the report and
     plots; nothing is trained or timed."""
+    # the data group's fields whose defaults differ here
+    tokens: int = 1_000_000
+    seq_len: int = 128
 
 
 def parse_sizes(text: str) -> list[tuple[int, int]]:

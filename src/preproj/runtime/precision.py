@@ -104,6 +104,18 @@ class Bf16MatmulsInFloat32(torch.overrides.TorchFunctionMode):
         return out.to(torch.bfloat16)
 
 
+@dataclass
+class DeviceArgs:
+    """Where a job computes, and whether it compiles."""
+
+    device: str = "auto"
+    """auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps. Under torchrun, each process's own GPU."""
+    compile: bool | None = None
+    """torch.compile each decoder block (inductor: the first step compiles, and inductor caches it for later runs).
+    Default: where benchmarks/run.py measured it faster, a GPU or a CPU in bf16; --no-compile runs eager."""
+
+
+
 PRECISIONS = {
     p.name: p
     for p in (

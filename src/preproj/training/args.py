@@ -1,4 +1,5 @@
-"""The arguments of `preproj train`, and what a resumed run may and may not change."""
+"""The arguments of `preproj train` and `preproj pretrain`, in the groups other entry points compose too, and what a
+resumed run may and may not change."""
 
 from __future__ import annotations
 
@@ -8,15 +9,103 @@ from pathlib import Path
 
 from ..data import check_data_source
 from ..methods.registry import MATCHABLE, trained_methods
+from ..runtime.precision import DeviceArgs
 from ..runtime.precision import precision as as_precision
 from ..runtime.tracking import parse_report_to
 from ..runtime.validation import check_args
 from .strategy import STRATEGIES
 
+# Argument groups, composed by each entry point's arguments (as litgpt composes its own): a field is declared, with its
+# help, once; an entry point that needs another default redeclares the field with that default only (its position
+# and help stay the group's). cli.py turns every field into a flag.
+
 
 @dataclass
-class TrainArgs:
-    """Arguments of `preproj train`."""
+class LaunchArgs:
+    """How many processes train, how they share the model, and who hears about it."""
+
+    strategy: str = "ddp"
+    """With several processes (torchrun): ddp (the model replicated, the trained weights' gradients all-reduced: a
+    frozen base's are none) or fsdp (FSDP2: the model sharded, sharded checkpoints)."""
+    nproc: int = 1
+    """Launch this many processes on this machine with torchrun (1: train in this process)."""
+    report_to: str = "none"
+    """Experiment trackers, comma-separated: none, tensorboard (OUT/tensorboard), wandb, trackio. They get loss,
+    held-out loss, learning rate, tokens/s and skip norms by layer at every step; train_log.jsonl is always written."""
+
+
+@dataclass
+class OptimArgs:
+    """The optimizer and its schedule: AdamW, linear warmup, cosine decay."""
+
+    batch_size: int = 4
+    """Sequences per micro-batch."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    warmup: int = 10
+    """Linear warmup steps before the cosine decay."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+
+
+@dataclass
+class CheckpointArgs:
+    """Held-out loss while training, checkpoints, and resuming from them."""
+
+    eval_every: int = 25
+    """Held-out loss every N steps (and at the end)."""
+    eval_batches: int = 4
+    """Global micro-batches (batch_size x processes sequences each) of held-out text per held-out loss."""
+    save_every: int = 25
+    """Checkpoint every N steps (atomic; the last good one is kept)."""
+    resume: bool = False
+    """Continue from OUT/checkpoint if present."""
+
+
+@dataclass
+class ScratchDataArgs:
+    """What a model trained from scratch learns from: the task, its data, its tokens or images."""
+
+    task: str = "text"
+    """text (a Llama-architecture language model on --data); mnist (a vision transformer with 2-D RoPE classifies MNIST
+    digits); moving-mnist (a video transformer with 3-D RoPE predicts the frames after --context of a Moving MNIST clip)
+    or moving-mnist-direction (it tells which way the digit of a one-digit clip moves). docs/guide/vision.md; --data,
+    --tokenizer, --seq-len and --sample-tokens are text's."""
+    data: str = "wikitext2-train"
+    """wikitext2-train (the tokenized train split; raw valid for held-out loss, raw test scored at the end),
+    wikitext2, tinystories, or a text file."""
+    data_dir: str | None = None
+    """Directory laid out as ../shared/data; default $PREPROJ_DATA_DIR."""
+    tokenizer: str = "train:8192"
+    """train:N (a byte-level BPE of N tokens trained on the training text: a 49k-token embedding would dominate a
+    tiny model), or an embedded name, hub id or directory whose tokenizer to use (e.g. smollm2-135m)."""
+    tokens: int = 2_000_000
+    """Training tokens per run (patches or tubelets for a vision task); the steps are these over the tokens of one
+    step."""
+    epochs: float | None = None
+    """Vision tasks: passes over the training images, instead of --tokens."""
+    patch_size: int | None = None
+    """Vision tasks: pixels per side of a square patch; it must divide the image (28 for MNIST, 64 for Moving MNIST).
+    Default: 4 for MNIST, 8 for Moving MNIST."""
+    frames: int = 16
+    """Moving MNIST: frames per clip."""
+    context: int = 10
+    """moving-mnist: frames given; the model predicts the rest of the clip."""
+    tubelet: int = 2
+    """Moving MNIST: frames per token (a tubelet of tubelet x patch x patch pixels); it must divide --frames and
+    --context."""
+    position: str = "rope"
+    """Vision tasks: rope (2-D or 3-D RoPE inside attention: the modules see no position) or learned (a learned absolute
+    embedding added before the blocks, as ViT's: the norm the modules read then carries position)."""
+    seq_len: int = 256
+    """Tokens per sequence (also the model's context)."""
+
+
+@dataclass
+class TrainArgs(CheckpointArgs, LaunchArgs, DeviceArgs, OptimArgs):
+    """Arguments of `preproj train`: the model, the method and the data, with the groups above."""
 
     model: str = "smollm2-135m"
     """Embedded name, Hugging Face hub id or local directory."""
@@ -36,18 +125,8 @@ class TrainArgs:
     """'pack' (token stream cut into seq_len windows) or 'lines' (one padded line per example, the paper's)."""
     steps: int = 100
     """Optimizer steps."""
-    batch_size: int = 4
-    """Sequences per micro-batch."""
-    grad_accum: int = 1
-    """Micro-batches per optimizer step."""
     seq_len: int = 256
     """Tokens per sequence."""
-    lr: float = 1e-3
-    """Peak learning rate (the paper: 1e-5 in pure bf16)."""
-    warmup: int = 10
-    """Linear warmup steps before the cosine decay."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this (0 = no clipping)."""
     seed: int = 42
@@ -56,37 +135,16 @@ class TrainArgs:
     """auto (bf16-frozen where bf16 matmuls are native, bf16-mixed for a model passed in float32, else fp32), fp32,
     bf16-mixed (bf16 autocast, fp32 weights and masters), bf16-true (pure bf16 as in the paper, with an audit of
     updates that rounding erased) or bf16-frozen (bf16 base, fp32 adapter masters, bf16 autocast)."""
-    device: str = "auto"
-    """auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps. Under torchrun, each process's own GPU."""
-    strategy: str = "ddp"
-    """With several processes (torchrun): ddp (frozen base replicated, adapter gradients all-reduced) or fsdp
-    (FSDP2: base and adapter sharded, sharded checkpoints)."""
-    nproc: int = 1
-    """Launch this many processes on this machine with torchrun (1: train in this process)."""
-    report_to: str = "none"
-    """Experiment trackers, comma-separated: none, tensorboard (OUT/tensorboard), wandb, trackio. They get loss,
-    held-out loss, learning rate, tokens/s and skip norms by layer at every step; train_log.jsonl is always written."""
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30% more compute)."""
     attn_implementation: str | None = None
     """'sdpa' or 'eager' attention while training; default: the model's own (sdpa). Under bf16 autocast eager
     rounds attention scores to bf16, and its memory grows with the square of the sequence length;
     benchmarks/run.py times both on your machine."""
-    compile: bool | None = None
-    """torch.compile each decoder block (inductor: the first step compiles, and inductor caches it for later runs).
-    Default: where benchmarks/run.py measured it faster, a GPU or a CPU in bf16; --no-compile runs eager."""
     lora_rank: str | None = None
     """LoRA rank: a number, 'paper' (the author's formula, floor(1.25 d) / 2: 480 for Pythia-160M), a method whose
     trainable count it matches within 1% (preproj, skip, preproj+skip) or unset (method lora: matched to
     preproj+skip's; preproj+lora: 64)."""
-    eval_every: int = 25
-    """Held-out loss every N steps (and at the end)."""
-    eval_batches: int = 4
-    """Global micro-batches (batch_size x processes sequences each) of held-out text per held-out loss."""
-    save_every: int = 25
-    """Checkpoint every N steps (atomic; the last good one is kept)."""
-    resume: bool = False
-    """Continue from OUT/checkpoint if present."""
     train_base: bool = False
     """Train every weight, the base's too (what `preproj pretrain` sets); the result is then a model directory
     with the method's files in OUT/adapter."""

@@ -25,10 +25,10 @@ from ..methods.registry import ADAPTER_SUBDIR, METHODS
 from ..runtime import distributed as ddist
 from ..runtime.files import write_json
 from ..runtime.loading import load_model, load_tokenizer
+from ..runtime.precision import DeviceArgs, resolve_device
 from ..runtime.precision import precision as as_precision
-from ..runtime.precision import resolve_device
 from ..runtime.validation import check_args
-from .args import TrainArgs
+from .args import CheckpointArgs, LaunchArgs, OptimArgs, ScratchDataArgs, TrainArgs
 from .loop import train
 from .probes import first_token_attention, greedy_samples, lm_loss
 
@@ -42,16 +42,11 @@ EOS = "<|endoftext|>"
 
 
 @dataclass
-class PretrainArgs:
-    """Arguments of `preproj pretrain`."""
+class PretrainArgs(CheckpointArgs, LaunchArgs, DeviceArgs, OptimArgs, ScratchDataArgs):
+    """Arguments of `preproj pretrain`: the model's shape and method, with the groups of training/args.py."""
 
     out: str = "runs/pretrain"
     """Output directory: the model (config, safetensors, tokenizer), adapter/, train_log.jsonl, summary.json."""
-    task: str = "text"
-    """text (a Llama-architecture language model on --data); mnist (a vision transformer with 2-D RoPE classifies MNIST
-    digits); moving-mnist (a video transformer with 3-D RoPE predicts the frames after --context of a Moving MNIST clip)
-    or moving-mnist-direction (it tells which way the digit of a one-digit clip moves). docs/guide/vision.md; --data,
-    --tokenizer, --seq-len and --sample-tokens are text's."""
     layers: int = 4
     """Decoder layers."""
     d_model: int = 128
@@ -70,69 +65,20 @@ class PretrainArgs:
     per token) equal those of the --match-to model of this shape within 2%."""
     match_to: str = "preproj+skip"
     """The adapted model that --match measures."""
-    data: str = "wikitext2-train"
-    """wikitext2-train (the tokenized train split; raw valid for held-out loss, raw test scored at the end),
-    wikitext2, tinystories, or a text file."""
-    data_dir: str | None = None
-    """Directory laid out as ../shared/data; default $PREPROJ_DATA_DIR."""
-    tokenizer: str = "train:8192"
-    """train:N (a byte-level BPE of N tokens trained on the training text: a 49k-token embedding would dominate a
-    tiny model), or an embedded name, hub id or directory whose tokenizer to use (e.g. smollm2-135m)."""
-    tokens: int = 2_000_000
-    """Training tokens (patches for a vision task); steps = tokens / (batch_size x seq_len x grad_accum x processes)."""
-    epochs: float | None = None
-    """Passes over the training images (vision tasks; instead of --tokens)."""
-    patch_size: int | None = None
-    """Vision tasks: pixels per side of a square patch; it must divide the image (28 for MNIST, 64 for Moving MNIST).
-    Default: 4 for MNIST, 8 for Moving MNIST."""
-    frames: int = 16
-    """Moving MNIST: frames per clip."""
-    context: int = 10
-    """moving-mnist: frames given; the model predicts the rest of the clip."""
-    tubelet: int = 2
-    """Moving MNIST: frames per token (a tubelet of tubelet x patch x patch pixels); it must divide --frames and
-    --context."""
-    position: str = "rope"
-    """Vision tasks: rope (2-D or 3-D RoPE inside attention: the modules see no position) or learned (a learned absolute
-    embedding added before the blocks, as ViT's: the norm the modules read then carries position)."""
-    seq_len: int = 256
-    """Tokens per sequence (also the model's context)."""
-    batch_size: int = 8
-    """Sequences per micro-batch."""
-    grad_accum: int = 1
-    """Micro-batches per optimizer step."""
-    lr: float = 3e-3
-    """Peak learning rate."""
-    warmup: int = 20
-    """Linear warmup steps before the cosine decay."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
     seed: int = 0
     """Seed of the initialisation (base and modules) and of the data order."""
     precision: str = "auto"
     """auto (bf16-mixed where bf16 matmuls are native, else fp32: here the base trains), fp32, bf16-mixed, bf16-true or
     bf16-frozen, as for `preproj train`."""
-    device: str = "auto"
-    """auto, cpu, cuda, cuda:N or mps."""
-    strategy: str = "ddp"
-    """With several processes: ddp or fsdp."""
-    nproc: int = 1
-    """Launch this many processes with torchrun (1: this process)."""
-    compile: bool | None = None
-    """torch.compile each decoder block (inductor: the first step compiles, and inductor caches it for later runs).
-    Default: where benchmarks/run.py measured it faster, a GPU or a CPU in bf16; --no-compile runs eager."""
-    report_to: str = "none"
-    """Experiment trackers: none, tensorboard, wandb, trackio (comma-separated)."""
-    eval_every: int = 50
-    """Held-out loss every N steps (and at the end)."""
-    eval_batches: int = 8
-    """Held-out micro-batches per held-out loss during training."""
-    save_every: int = 50
-    """Checkpoint every N steps."""
     sample_tokens: int = 24
     """Greedy tokens generated after each prompt at the end."""
-    resume: bool = False
-    """Continue from OUT/checkpoint if present."""
+    # the groups' fields whose defaults differ here
+    batch_size: int = 8
+    lr: float = 3e-3
+    warmup: int = 20
+    eval_every: int = 50
+    eval_batches: int = 8
+    save_every: int = 50
 
 
 # --- shapes, parameters and FLOPs ----------------------------------------------------------------
