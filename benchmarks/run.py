@@ -675,8 +675,25 @@ def met(name: str, value: float, bound: float) -> bool:
     return {">=": value >= bound, "<=": value <= bound, "==": value == bound}[op]
 
 
-def format_profile(p: dict) -> str:
-    """The profile as markdown: one table of categories per profiled call, then each call's GEMMs by shape."""
+def profile_ceiling(t: dict, flops: float, peak: float) -> str:
+    """What the profiled training step could reach with its kernels as they are: its GEMMs at each shape's speed
+    alone (those beyond the listed shapes at their measured time), attention and the loss as measured, everything
+    else free."""
+    listed = sum(g["seconds"] for g in t["gemms"])
+    gemm_flop = sum(g["flop_per_s"] * g["seconds"] for g in t["gemms"])
+    alone = sum(g["flop_per_s"] * g["seconds"] / g["alone_flop_per_s"] for g in t["gemms"])
+    rest = t["seconds"]["attention"] + t["seconds"]["loss (LM head and softmax)"]
+    floor = alone + (t["seconds"]["GEMMs"] - listed) + rest
+    return (f"Ceiling of the {t['label']}: its GEMMs ({gemm_flop / 1e9:.0f} of the step's {flops / 1e9:.0f} GFLOP) "
+            f"take {alone:.3f} s at each shape's speed alone, {gemm_flop / alone / peak:.0%} of the large-GEMM peak; "
+            f"with attention and the loss as measured ({rest:.3f} s) and everything else free, the step would take "
+            f"{floor:.3f} s: {flops / floor / peak:.0%} MFU, against {flops / t['wall_seconds'] / peak:.0%} in this "
+            "call.")
+
+
+def format_profile(p: dict, train: dict | None = None) -> str:
+    """The profile as markdown: one table of categories per profiled call, then each call's GEMMs by shape, and
+    with the training rows of the same run, each training step's ceiling (profile_ceiling)."""
     tables = p["tables"]
     lines = ["", f"Where the time goes (torch.profiler, one call each; CPU: {p['cpu']})", "",
              "| part | " + " | ".join(t["label"] for t in tables) + " |", "|---" * (len(tables) + 1) + "|"]
@@ -692,6 +709,12 @@ def format_profile(p: dict) -> str:
             lines.append(f"| {'x'.join(map(str, g['a']))} | {'x'.join(map(str, g['b']))} | {g['dtype']} | "
                          f"{g['calls']} | {g['seconds']:.3f} | {g['flop_per_s'] / 1e9:.0f} | "
                          f"{g['alone_flop_per_s'] / 1e9:.0f} | {g['flop_per_s'] / g['alone_flop_per_s']:.2f} |")
+    for t in [t for t in tables if t["label"].startswith("train step, ")] if train else ():
+        _, precision, mode = (part.strip() for part in t["label"].split(","))
+        row = train["rows"].get(f"preproj+skip/{precision}/{mode}")
+        if row:
+            peak = train["peak_in_rounds"]["fp32_flop_per_s" if precision == "fp32" else "bf16_flop_per_s"]
+            lines += ["", profile_ceiling(t, row["flops_per_step"], peak)]
     return "\n".join(lines)
 
 
@@ -733,7 +756,7 @@ def format_table(r: dict) -> str:
         for name, row in r["eval_adapters"]["rows"].items():
             lines.append(f"| {name} | {row['adapter_s']:.1f} | {row['base_s']:.1f} | {row['ratio']:.2f} |")
     if "profile" in r:
-        lines.append(format_profile(r["profile"]))
+        lines.append(format_profile(r["profile"], r.get("train")))
     if "isa" in r:
         lines += ["", "oneDNN matmul kernels in a bf16 training step (ONEDNN_VERBOSE): "
                   + "; ".join(f"{impl} {sum(s.values())} calls" for impl, s in r["isa"]["matmul_kernels"].items()),

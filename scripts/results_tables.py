@@ -249,7 +249,9 @@ def bench_module(bench: Path):
 def bench_profile(bench: Path) -> str:
     """The benchmark's rendering of its profile (benchmarks/run.py --profile) and of the oneDNN kernels it saw."""
     r = json.loads(bench.read_text())
-    return bench_module(bench).format_table({k: r[k] for k in ("profile", "isa") if k in r} | {"targets": {}})
+    text = bench_module(bench).format_table({k: r[k] for k in ("profile", "isa") if k in r} | {"targets": {}})
+    profile = bench_module(bench).format_profile(r["profile"])
+    return text.replace(profile, bench_module(bench).format_profile(r["profile"], r.get("train")))
 
 
 def bench_table(bench: Path, starts: str) -> str:

@@ -111,3 +111,20 @@ def test_profile_section_accounts_for_the_whole_call(bench):
     assert r["tables"][0]["seconds"]["optimizer (clipping, AdamW)"] > 0
     assert r["tables"][0]["seconds"]["loss (LM head and softmax)"] > 0
     assert "| GEMMs |" in bench.format_profile(r) and r["cpu"]
+
+
+def test_a_training_steps_ceiling_counts_its_gemms_at_their_speed_alone_and_the_rest_as_measured(bench):
+    """Two shapes of 10 GFLOP each: 0.02 s and 0.01 s alone (0.03 s), 0.005 s of GEMMs beyond the listed shapes,
+    attention and the loss 0.015 s: the floor is 0.05 s, so a 25 GFLOP step against a 1 TFLOP/s peak reaches 50%."""
+    seconds = dict.fromkeys(bench.CATEGORIES, 0.0) | {"GEMMs": 0.045, "attention": 0.01,
+                                                     "loss (LM head and softmax)": 0.005}
+    shape = {"a": [1000, 1000], "b": [1000, 5000], "dtype": "bf16", "calls": 1}
+    gemms = [{**shape, "flop_per_s": 10e9 / 0.025, "seconds": 0.025, "alone_flop_per_s": 10e9 / 0.02},
+             {**shape, "flop_per_s": 10e9 / 0.015, "seconds": 0.015, "alone_flop_per_s": 10e9 / 0.01}]
+    table = {"label": "train step, bf16-mixed, compiled", "wall_seconds": 0.1, "seconds": seconds, "gemms": gemms}
+    text = bench.profile_ceiling(table, 25e9, 1e12)
+    assert "take 0.030 s at each shape's speed alone, 67% of the large-GEMM peak" in text
+    assert "the step would take 0.050 s: 50% MFU, against 25% in this call" in text
+    train = {"rows": {"preproj+skip/bf16-mixed/compiled": {"flops_per_step": 25e9}},
+             "peak_in_rounds": {"bf16_flop_per_s": 1e12, "fp32_flop_per_s": 1e11}}
+    assert text in bench.format_profile({"cpu": "x", "tables": [table]}, train)
