@@ -508,7 +508,7 @@ def bench_eval(model, tokenizer, data: Path, limits: dict, harness_batch: int, l
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        write_local_tasks(Path(tmp), data, wikitext_docs=limits["wikitext"])
+        write_local_tasks(Path(tmp), data, limits={"wikitext": limits["wikitext"]})
         for k, (task, limit) in enumerate(limits.items()):
             runs = {
                 "preproj": lambda t=task, n=limit: evaluate(model, tokenizer, [t], limit=n, data_dir=data,

@@ -475,3 +475,26 @@ def test_evaluate_given_eval_args_is_preproj_eval(tmp_path, capsys):
     assert (tmp_path / "cli.items.jsonl").read_text() == (tmp_path / "api.items.jsonl").read_text()
     with pytest.raises(ValueError, match="--items writes next to --out"):
         evaluate(EvalArgs(**common))
+
+
+def test_every_task_with_a_harness_declaration_is_written_from_its_folder(tmp_path):
+    """write_local_tasks reads each task's own declaration: its config with the path of the file its reader names or
+    writes, and the helper modules copied from lm_eval; a limit on a file the task does not write is refused."""
+    import json as _json
+
+    from preproj.evaluation.harness import harness_tasks, write_local_tasks
+    from preproj.evaluation.tasks import TASK_TABLE
+
+    assert harness_tasks() == ["lambada", "hellaswag", "arc_easy", "wikitext"]
+    data = data_dir()
+    names = write_local_tasks(tmp_path, data, limits={"wikitext": 2, "arc_easy": 3})
+    assert names == [f"preproj_{t}" for t in harness_tasks()]
+    assert (tmp_path / "hellaswag" / "utils.py").is_file()
+    assert (tmp_path / "wikitext" / "preprocess_wikitext.py").is_file()
+    assert len((tmp_path / "wikitext" / "pages.jsonl").read_text().splitlines()) == 2
+    arc = [_json.loads(line) for line in (tmp_path / "arc_easy" / "arc_easy_test.jsonl").read_text().splitlines()]
+    assert len(arc) == 3 and set(arc[0]["choices"]) == {"text", "label"}
+    config = (tmp_path / "lambada" / "preproj_lambada.yaml").read_text()
+    assert "{path}" not in config and _json.dumps(str(data / "lambada" / "lambada_test.jsonl")) in config
+    with pytest.raises(ValueError, match="lambada's harness config reads the data directory's file"):
+        TASK_TABLE["lambada"].harness.data_file(tmp_path, data, 5)

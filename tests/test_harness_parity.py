@@ -52,7 +52,7 @@ def local_tasks(tmp_path_factory):
     if data is None:
         pytest.fail("../shared/data (or $PREPROJ_DATA_DIR) is needed for the parity test.")
     root = tmp_path_factory.mktemp("harness_tasks")
-    write_local_tasks(root, data, wikitext_docs=LIMIT["wikitext"])
+    write_local_tasks(root, data, limits={"wikitext": LIMIT["wikitext"]})
     return root, data
 
 

@@ -12,11 +12,7 @@ from pathlib import Path
 
 from torch import nn
 
-from ..data import WIKITEXT_TEST
-from .tasks.arc_easy import reader as arc_easy
-from .tasks.hellaswag import reader as hellaswag
-from .tasks.lambada import reader as lambada
-from .tasks.wikitext.reader import split_articles
+from .tasks import TASK_TABLE
 
 
 def harness_lm(model: nn.Module, tokenizer, batch_size: int = 8, max_length: int | None = None):
@@ -41,9 +37,10 @@ def run_harness(model: nn.Module, tokenizer, tasks: list[str], *, limit: int | N
                                    bootstrap_iters=0, log_samples=False)
 
 
-# The tasks with a local copy for the harness, in the order they are written; each folder under tasks/ holds its
-# config as harness.yaml, with {path} where the data file's path goes.
-HARNESS_TASKS = ("lambada", "wikitext", "hellaswag", "arc_easy")
+def harness_tasks() -> list[str]:
+    """The tasks with a local copy for the harness: those whose declaration has one (and a harness.yaml in their
+    folder), in the task table's order."""
+    return [name for name, t in TASK_TABLE.items() if t.harness]
 
 
 def harness_yaml(task: str) -> str:
@@ -51,34 +48,21 @@ def harness_yaml(task: str) -> str:
     return resources.files(f"{__package__}.tasks.{task}").joinpath("harness.yaml").read_text(encoding="utf-8")
 
 
-def write_local_tasks(root: Path, data: Path, wikitext_docs: int | None = None) -> list[str]:
-    """Local copies of lambada_openai, wikitext, hellaswag and arc_easy for the harness, reading `data` (laid out as
-    ../shared/data) instead of the Hub: the stock configs with `dataset_path: json`, and the stock helper modules
-    copied from the installed lm_eval. Returns the task names (preproj_<task>) to run with include_path=root."""
+def write_local_tasks(root: Path, data: Path, limits: dict[str, int] | None = None) -> list[str]:
+    """Local copies of every task that declares one (lambada_openai, wikitext, hellaswag and arc_easy) for the
+    harness, reading `data` (laid out as ../shared/data) instead of the Hub: the stock configs with
+    `dataset_path: json`, and the stock helper modules copied from the installed lm_eval. `limits`: task -> the items
+    kept in a data file written here (WikiText's pages). Returns the task names (preproj_<task>) to run with
+    include_path=root."""
     import lm_eval
 
-    tasks = Path(lm_eval.__file__).parent / "tasks"
-    for task in HARNESS_TASKS:
-        (root / task).mkdir(parents=True, exist_ok=True)
-    shutil.copy(tasks / "wikitext" / "preprocess_wikitext.py", root / "wikitext")
-    shutil.copy(tasks / "hellaswag" / "utils.py", root / "hellaswag")
-    files = {
-        "lambada": data / lambada.TEST.file,
-        "hellaswag": data / hellaswag.VALIDATION.file,
-        "wikitext": root / "wikitext" / "pages.jsonl",
-        "arc_easy": root / "arc_easy" / "arc_easy_test.jsonl",
-    }
-    with open(files["wikitext"], "w") as f:
-        for page in split_articles((data / WIKITEXT_TEST.file).read_text())[:wikitext_docs]:
-            f.write(json.dumps({"page": page}) + "\n")
-    with open(data / arc_easy.TEST.file) as src, open(files["arc_easy"], "w") as dst:
-        for line in src:  # AI2's JSONL -> allenai/ai2_arc's columns
-            r = json.loads(line)
-            choices = r["question"]["choices"]
-            dst.write(json.dumps({"id": r["id"], "question": r["question"]["stem"], "answerKey": r["answerKey"],
-                                  "choices": {"text": [c["text"] for c in choices],
-                                              "label": [c["label"] for c in choices]}}) + "\n")
-    for task in HARNESS_TASKS:
-        (root / task / f"preproj_{task}.yaml").write_text(harness_yaml(task).replace("{path}",
-                                                                                      json.dumps(str(files[task]))))
-    return [f"preproj_{task}" for task in HARNESS_TASKS]
+    stock = Path(lm_eval.__file__).parent / "tasks"
+    names = harness_tasks()
+    for name in names:
+        copy, folder = TASK_TABLE[name].harness, root / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for helper in copy.helpers:
+            shutil.copy(stock / helper, folder)
+        path = copy.data_file(folder, data, (limits or {}).get(name))
+        (folder / f"preproj_{name}.yaml").write_text(harness_yaml(name).replace("{path}", json.dumps(str(path))))
+    return [f"preproj_{name}" for name in names]

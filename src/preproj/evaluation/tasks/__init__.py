@@ -6,7 +6,8 @@ A task is a folder, `tasks/<name>/`, that holds everything about it:
   higher-is-better, statistic);
 - `reader.py`: its items, read from the data directory or the Hub and preprocessed (data.py keeps only the data
   directory's lookups, the training corpora and the WikiText files that training reads too);
-- `harness.yaml`: its lm-evaluation-harness config for `harness.write_local_tasks`, where it has one;
+- `harness.yaml`: its lm-evaluation-harness config, where it has one, which `harness.write_local_tasks` writes out
+  as the TASK's `harness` declaration says (the data file it reads, the lm_eval helper modules it imports);
 - `README.md`: what it measures under each protocol, its metrics and their statistic, after docs/method.md.
 
 A variant of a task lives in its parent's folder: hellaswag/full.py (hellaswag_full) and wikitext/file.py

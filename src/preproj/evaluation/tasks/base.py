@@ -36,6 +36,20 @@ class Metric:
 
 
 @dataclass(frozen=True)
+class HarnessCopy:
+    """How `harness.write_local_tasks` lays a task out for lm-evaluation-harness: the task folder's harness.yaml,
+    with {path} replaced by the data file `data_file` names, and the helper modules of lm_eval's own config for the
+    task that the YAML imports, copied beside it."""
+
+    data_file: Callable[[Path, Path, int | None], Path]
+    """(folder, data directory, limit) -> the file the config reads: the data directory's own, or one written into
+    folder in the columns the config expects. `limit` keeps the first N items of a file written here; a task that
+    reads the data directory's file refuses one (the harness's own limit cuts it)."""
+    helpers: tuple[str, ...] = ()
+    """Paths under lm_eval/tasks of the modules the YAML imports (`!function module.name`)."""
+
+
+@dataclass(frozen=True)
 class Task:
     """One evaluation task: the folder evaluation/tasks/<name>/ declares it as its TASK (a variant, in its parent's
     folder)."""
@@ -52,6 +66,8 @@ class Task:
     missing here is one the task does not have."""
     default: bool = True
     """Run unless tasks are named, with a column in compare's table; False for variants asked for by name."""
+    harness: HarnessCopy | None = None
+    """Its local copy for lm-evaluation-harness (`preproj harness`, the parity test); None where it has none."""
 
 
 def read_items(path: str | Path) -> dict[str, list[dict]]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..base import Task, accuracy_metric, first, multiple_choice
-from .reader import arc_easy
+from ..base import HarnessCopy, Task, accuracy_metric, first, multiple_choice
+from .reader import arc_easy, harness_file
 
 
 def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None,
@@ -19,4 +19,5 @@ def run(score, protocol: str, limit: int | None, data_dir, items: list | None = 
 
 ACC = accuracy_metric("acc", "ARC-E acc")
 TASK = Task("arc_easy", "ARC-Easy: science questions (harness: test split; paper: validation split)", run,
-            {"harness": (ACC,), "paper": (ACC,)})
+            {"harness": (ACC,), "paper": (ACC,)},
+            harness=HarnessCopy(harness_file))

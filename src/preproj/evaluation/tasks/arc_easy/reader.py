@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ....data import Source, hub_rows, jsonl_rows, local_file
@@ -29,3 +30,19 @@ def arc_easy(data_dir: Path | None = None, split: str = "test") -> list[dict]:
          "gold": list(r["choices"]["label"]).index(r["answerKey"])}
         for r in hub_rows(source, data_dir)
     ]
+
+
+def harness_file(folder: Path, data_dir: Path, limit: int | None = None) -> Path:
+    """The test split in allenai/ai2_arc's columns, which its harness.yaml reads, written into folder from AI2's
+    JSONL (base.HarnessCopy)."""
+    out = folder / "arc_easy_test.jsonl"
+    with open(data_dir / TEST.file) as src, open(out, "w") as dst:
+        for k, line in enumerate(src):
+            if limit is not None and k >= limit:
+                break
+            r = json.loads(line)
+            choices = r["question"]["choices"]
+            dst.write(json.dumps({"id": r["id"], "question": r["question"]["stem"], "answerKey": r["answerKey"],
+                                  "choices": {"text": [c["text"] for c in choices],
+                                              "label": [c["label"] for c in choices]}}) + "\n")
+    return out

@@ -3,8 +3,8 @@ hellaswag_full (llama.cpp's 10,042 items) is full.py."""
 
 from __future__ import annotations
 
-from ..base import Task, accuracy_metric, first, multiple_choice
-from .reader import hellaswag, hellaswag_in_order
+from ..base import HarnessCopy, Task, accuracy_metric, first, multiple_choice
+from .reader import harness_file, hellaswag, hellaswag_in_order
 
 
 def score_docs(score, docs: list[dict], protocol: str, desc: str, items: list | None) -> dict:
@@ -27,4 +27,5 @@ def run(score, protocol: str, limit: int | None, data_dir, items: list | None = 
 
 TASK = Task("hellaswag", "HellaSwag validation: choose the ending", run,
             {"harness": (accuracy_metric("acc_norm", "HellaSwag acc_norm"),),
-             "paper": (accuracy_metric("acc", "HellaSwag acc"),)})
+             "paper": (accuracy_metric("acc", "HellaSwag acc"),)},
+            harness=HarnessCopy(harness_file, ("hellaswag/utils.py",)))

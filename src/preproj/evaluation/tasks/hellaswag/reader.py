@@ -75,3 +75,11 @@ def hellaswag_in_order(data_dir: Path | None = None) -> tuple[list[dict], str]:
     return docs, (f"HellaSwag validation in original order from {FULL.file}, raw ctx recovered by "
                   f"removing the activity label; exact for the first {HELLASWAG_RAW_ITEMS} items, beyond which "
                   "llama.cpp's preprocessing removed WikiHow's [tags]")
+
+
+def harness_file(folder: Path, data_dir: Path, limit: int | None = None) -> Path:
+    """The file its harness.yaml reads: the data directory's own (base.HarnessCopy)."""
+    if limit is not None:
+        raise ValueError("hellaswag's harness config reads the data directory's file; cut its items with the harness's "
+                         "own limit.")
+    return data_dir / VALIDATION.file

@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from ..base import PAPER_MAX_TOKENS, Metric, Task, accuracy_metric, first, mean_stderr
-from .reader import lambada
+from ..base import PAPER_MAX_TOKENS, HarnessCopy, Metric, Task, accuracy_metric, first, mean_stderr
+from .reader import harness_file, lambada
 
 
 def harness(score, docs: list[dict], items: list | None = None) -> dict:
@@ -47,4 +47,5 @@ def run(score, protocol: str, limit: int | None, data_dir, items: list | None = 
 
 
 ACC: Metric = accuracy_metric("acc", "LAMBADA acc")
-TASK = Task("lambada", "LAMBADA (OpenAI): last-word accuracy", run, {"harness": (ACC,), "paper": (ACC,)})
+TASK = Task("lambada", "LAMBADA (OpenAI): last-word accuracy", run, {"harness": (ACC,), "paper": (ACC,)},
+            harness=HarnessCopy(harness_file))

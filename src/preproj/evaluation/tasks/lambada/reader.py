@@ -14,3 +14,11 @@ def lambada(data_dir: Path | None = None) -> list[dict]:
     path = local_file(TEST, data_dir)
     rows = jsonl_rows(path) if path else list(hub_rows(TEST, data_dir))
     return [{"text": r["text"]} for r in rows]
+
+
+def harness_file(folder: Path, data_dir: Path, limit: int | None = None) -> Path:
+    """The file its harness.yaml reads: the data directory's own (base.HarnessCopy)."""
+    if limit is not None:
+        raise ValueError("lambada's harness config reads the data directory's file; cut its items with the harness's "
+                         "own limit.")
+    return data_dir / TEST.file

@@ -8,8 +8,8 @@ import re
 
 import numpy as np
 
-from ..base import PAPER_MAX_TOKENS, Metric, Task, first, mean_stderr, ratio_stderr
-from .reader import wikitext_detokenize, wikitext_documents, wikitext_rows
+from ..base import PAPER_MAX_TOKENS, HarnessCopy, Metric, Task, first, mean_stderr, ratio_stderr
+from .reader import harness_file, wikitext_detokenize, wikitext_documents, wikitext_rows
 
 # the author's perplexity rule (docs/method.md: the frozen probe)
 PAPER_WIKITEXT_ROWS, PAPER_MIN_CHARS, PAPER_MIN_TOKENS = 300, 50, 10
@@ -81,4 +81,5 @@ WORD_PERPLEXITY = Metric("word_perplexity", "WikiText word PPL", False, "perplex
 HELDOUT_LOSS = Metric("heldout_loss", "WikiText loss/token", False, "ratio_of_sums", lambda r: (-r["ll"], r["tokens"]))
 PAPER_PERPLEXITY = Metric("perplexity", "WikiText PPL", False, "perplexity", lambda r: (-r["ll"] / r["tokens"], 1.0))
 TASK = Task("wikitext", "WikiText-2: perplexity (harness: test documents; paper: the author's validation rows)", run,
-            {"harness": (WORD_PERPLEXITY, HELDOUT_LOSS), "paper": (PAPER_PERPLEXITY,)})
+            {"harness": (WORD_PERPLEXITY, HELDOUT_LOSS), "paper": (PAPER_PERPLEXITY,)},
+            harness=HarnessCopy(harness_file, ("wikitext/preprocess_wikitext.py",)))

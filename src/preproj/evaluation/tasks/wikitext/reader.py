@@ -3,6 +3,7 @@ and the harness's detokenizer. The files and raw lines themselves are data.py's,
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -63,3 +64,13 @@ def wikitext_detokenize(text: str) -> str:
                  ("\n ", "\n"), (" N ", " 1 "), (" 's", "'s")):
         s = s.replace(a, b)
     return s
+
+
+def harness_file(folder: Path, data_dir: Path, limit: int | None = None) -> Path:
+    """The raw test split as one page per article (EleutherAI/wikitext_document_level's rows), which its
+    harness.yaml reads, written into folder; `limit` keeps the first N pages (base.HarnessCopy)."""
+    out = folder / "pages.jsonl"
+    with open(out, "w") as f:
+        for page in split_articles((data_dir / WIKITEXT_TEST.file).read_text())[:limit]:
+            f.write(json.dumps({"page": page}) + "\n")
+    return out
