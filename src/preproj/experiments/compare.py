@@ -145,7 +145,8 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
             (sweep["chosen"][method] if sweep else train_args["lr"])
         key = (method, lr, seed, train_p.name, eval_p.name)
         if key in trained:
-            runs.append({**trained[key], "method": name, "same_run_as": trained[key]["method"]})
+            if not trained[key].get("pending"):
+                runs.append({**trained[key], "method": name, "same_run_as": trained[key]["method"]})
             continue
         run_dir = out / f"{name}-seed{seed}"
         if (run_dir / "result.json").is_file():  # resumable: a finished (arm, seed) is not redone
@@ -158,8 +159,9 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
                 run = _fill_missing(this, run, name, run_dir, missing)
             runs.append(run)
             reused += 1
-        elif args.report_only:
+        elif args.report_only:  # an arm that is another's training (METHOD@common at its own rate) is listed once
             pending.append(run_dir.name)
+            trained[key] = {"method": name, "pending": True}
         else:
             runs.append(_run_arm(this, name, seed, lr, run_dir))
         if runs and runs[-1]["run_dir"] == run_dir.name:
