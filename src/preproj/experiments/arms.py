@@ -103,3 +103,10 @@ def arm_precisions(a: Arm, precision: Precision, eval_precision: Precision, devi
                          f"{train_p.name} in {train_p.weights}" + (f" (arm {a.name})" if a.name != a.method else "")
                          + ": pick two that load the base alike.")
     return train_p, eval_p
+
+
+def named_arms_record(arms: dict[str, tuple[Arm, Precision, Precision]], named: dict | None) -> dict:
+    """{'arms': each named arm's method and precisions} for a report, where the study names arms; else nothing."""
+    record = {n: {"method": a.method, "precision": p.name, "eval_precision": e.name}
+              for n, (a, p, e) in arms.items() if n in (named or {})}
+    return {"arms": record} if record else {}

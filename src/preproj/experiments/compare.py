@@ -45,7 +45,7 @@ from ..runtime.provenance import describe, provenance
 from ..runtime.validation import check_args
 from ..training import TrainArgs, train
 from ..training.loop import resolved_args
-from .arms import COMMON, Arm, arm, arm_precisions, run_plan, seed_list
+from .arms import COMMON, Arm, arm, arm_precisions, named_arms_record, run_plan, seed_list
 from .compare_args import PRESETS, CompareArgs
 from .retrain import NotTheScoredWeights, retrain_dir, retrained, trained_weights_digest
 from .reuse import eval_setting, finished_run, read_log, scored_tasks
@@ -183,10 +183,7 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
     report = summarise(runs, methods, args, eval_cfg["protocol"], limits, seconds, train_args, seeds)
     report.update(pending=pending, new_runs=new_runs, sweep=sweep, precision=precision.name,
                   eval_precision=eval_precision.name, device=str(device), **({"study": study} if study else {}))
-    named = {n: {"method": a.method, "precision": p.name, "eval_precision": e.name}
-             for n, (a, p, e) in arms.items() if n in (preset.get("arms") or {})}
-    if named:
-        report["arms"] = named
+    report.update(named_arms_record(arms, preset.get("arms")))
     _add_comparisons(report, runs, methods, eval_cfg["protocol"], out)
     if r.is_main:
         _write_report(report, runs, methods, out, Path(args.model).name)
