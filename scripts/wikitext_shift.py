@@ -26,7 +26,7 @@ from preproj import data, load_adapter, load_model
 from preproj.analysis.stats import describe, paired_bootstrap, ratio_of_sums
 from preproj.evaluation import LogLikelihood, read_items
 from preproj.evaluation.tasks.wikitext import harness as wikitext_harness
-from preproj.evaluation.tasks.wikitext.reader import wikitext_documents
+from preproj.evaluation.tasks.wikitext import reader as wikitext_reader
 from preproj.runtime.files import atomic_write, kept, write_json
 
 CONDITIONS = [(text, window) for text in ("harness", "raw") for window in (2048, 256)]
@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("--out", default="results/wikitext-shift")
     args = ap.parse_args()
     out = Path(args.out)
-    pages = [d["page"] for d in wikitext_documents(data.resolve_data_dir())][: args.docs]
+    pages = [d["page"] for d in wikitext_reader.documents(data.resolve_data_dir())][: args.docs]
     runs = {"base": None} | {Path(a).name: a for a in args.adapters.split(",")}
     for name, adapter in runs.items():
         study_items = Path(args.study or "", "base-seed42" if name == "base" else name, "items.wikitext.jsonl")

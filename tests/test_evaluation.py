@@ -12,15 +12,11 @@ from conftest import CharTokenizer, data_dir, tiny_model
 from preproj import data as datasets
 from preproj.evaluation import LogLikelihood
 from preproj.evaluation.tasks import mean_stderr, ratio_stderr
-from preproj.evaluation.tasks.arc_easy.reader import arc_easy
+from preproj.evaluation.tasks.arc_easy import reader as arc_easy_reader
 from preproj.evaluation.tasks.hellaswag import reader as hellaswag_reader
-from preproj.evaluation.tasks.lambada.reader import lambada
-from preproj.evaluation.tasks.wikitext.reader import (
-    split_articles,
-    wikitext_detokenize,
-    wikitext_documents,
-    wikitext_rows,
-)
+from preproj.evaluation.tasks.lambada import reader as lambada_reader
+from preproj.evaluation.tasks.wikitext import reader as wikitext_reader
+from preproj.evaluation.tasks.wikitext.reader import split_articles
 
 
 @pytest.mark.parametrize("n", [1, 5, 16, 17, 40, 100])
@@ -152,7 +148,7 @@ def test_article_split_and_detokenizer():
     raw = " \n = A = \n \n x @-@ y , z . \n = = Sec = = \n w \n = B = \n q \n"
     pages = split_articles(raw)
     assert pages == [" = A = \n \n x @-@ y , z . \n = = Sec = = \n w ", " = B = \n q \n"]
-    assert wikitext_detokenize(" x @-@ y , z . \n") == " x-y, z.\n"
+    assert wikitext_reader.detokenize(" x @-@ y , z . \n") == " x-y, z.\n"
 
 
 def test_wikitext_scores_the_detokenized_page_unless_asked_for_the_raw_one():
@@ -160,7 +156,7 @@ def test_wikitext_scores_the_detokenized_page_unless_asked_for_the_raw_one():
 
     score = LogLikelihood(tiny_model("llama"), CharTokenizer(), max_length=8, progress=False)
     page = " = A = \n \n x @-@ y , z . \n"
-    for detokenize, text in ((True, wikitext_detokenize(page)), (False, page)):
+    for detokenize, text in ((True, wikitext_reader.detokenize(page)), (False, page)):
         items: list[dict] = []
         wikitext_harness(score, [{"page": page}], items, detokenize=detokenize)
         whole = sum(score([w])[0][0] for w in score.rolling_windows(score.encode(text)))
@@ -171,13 +167,13 @@ def test_wikitext_scores_the_detokenized_page_unless_asked_for_the_raw_one():
 def test_local_data_counts():
     d = data_dir()
     assert d is not None, "../shared/data or $PREPROJ_DATA_DIR is needed"
-    assert len(lambada(d)) == 5153
-    assert len(wikitext_documents(d)) == 62
-    assert len(hellaswag_reader.hellaswag(d)) == 1000 and len(hellaswag_reader.hellaswag(d, full=True)) == 10042
-    assert len(arc_easy(d)) == 2376 and len(arc_easy(d, "validation")) == 570
-    first = arc_easy(d)[0]
+    assert len(lambada_reader.items(d)) == 5153
+    assert len(wikitext_reader.documents(d)) == 62
+    assert len(hellaswag_reader.items(d)) == 1000 and len(hellaswag_reader.items(d, full=True)) == 10042
+    assert len(arc_easy_reader.items(d)) == 2376 and len(arc_easy_reader.items(d, "validation")) == 570
+    first = arc_easy_reader.items(d)[0]
     assert first["question"].startswith("Which statement best explains") and first["gold"] == 0
-    label_counts = np.bincount([doc["gold"] for doc in hellaswag_reader.hellaswag(d, full=True)])
+    label_counts = np.bincount([doc["gold"] for doc in hellaswag_reader.items(d, full=True)])
     assert label_counts.tolist() == [2515, 2485, 2584, 2458]
 
 
@@ -187,7 +183,7 @@ def test_paper_hellaswag_is_the_validation_set_in_original_order_with_raw_text()
     of the local subset that lies among the first HELLASWAG_RAW_ITEMS items equals its reconstruction."""
     d = data_dir()
     assert d is not None, "../shared/data or $PREPROJ_DATA_DIR is needed"
-    docs, source = hellaswag_reader.hellaswag_in_order(d)
+    docs, source = hellaswag_reader.items_in_order(d)
     assert len(docs) == 10042 and "original order" in source
     assert docs[0]["raw_ctx"] == "A man is sitting on a roof. he" and docs[0]["gold"] == 3
     assert docs[0]["raw_endings"][3] == "starts pulling up roofing on a roof."
@@ -209,7 +205,7 @@ def test_missing_data_says_which_file_and_how(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(datasets.DataNotFound, match=r"no file .*lambada/lambada_test.jsonl.*--data-dir"):
-        lambada(tmp_path)
+        lambada_reader.items(tmp_path)
 
 
 def test_paper_protocol_definitions():
@@ -252,7 +248,7 @@ def test_paper_wikitext_rows_are_the_authors(smollm2):
         if tokenizer(text, return_tensors="pt", truncation=True, max_length=512).input_ids.shape[1] < 10:
             continue
         author.append(text)
-    ours = paper_wikitext_rows(wikitext_rows("valid", data_dir()), tokenizer.encode)
+    ours = paper_wikitext_rows(wikitext_reader.rows("valid", data_dir()), tokenizer.encode)
     assert len(ours) == len(author) and 100 < len(author) < 200
     assert ours[0][0] == author[0] and ours[-1][0] == author[-1] and ours[-1][0].endswith("\n")
     old_rule = [line for line in datasets.wikitext_lines("valid", data_dir()) if len(line.strip()) > 50][:300]
@@ -346,7 +342,7 @@ def test_no_data_directory_offline_fails_at_once_and_names_the_variable_only_as_
     start = time.monotonic()
     with pytest.raises(datasets.DataNotFound,
                        match=r"no --data-dir given and \$PREPROJ_DATA_DIR is not set.*unreachable"):
-        lambada(datasets.resolve_data_dir(None))
+        lambada_reader.items(datasets.resolve_data_dir(None))
     assert time.monotonic() - start < 10
     hub.reachable.cache_clear()
 

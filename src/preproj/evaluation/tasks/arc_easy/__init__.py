@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from ..base import HarnessCopy, Task, accuracy_metric, first, multiple_choice
-from .reader import arc_easy, harness_file
+from . import reader
+from .reader import harness_file
 
 
 def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None,
         notes: list | None = None) -> dict:
     if protocol == "harness":
-        docs = first(arc_easy(data_dir, "test"), limit)
+        docs = first(reader.items(data_dir, "test"), limit)
         return multiple_choice(score, docs, lambda d: f"Question: {d['question']}\nAnswer:", lambda d: d["choices"],
                                "arc_easy", False, items)
-    docs = first(arc_easy(data_dir, "validation"), limit)
+    docs = first(reader.items(data_dir, "validation"), limit)
     return multiple_choice(score, docs, lambda d: d["question"], lambda d: d["choices"], "arc_easy (paper)", True,
                            items)
 

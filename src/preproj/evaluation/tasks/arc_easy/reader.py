@@ -11,7 +11,7 @@ TEST = Source("arc_easy", "arc/ARC-Easy-Test.jsonl", ("allenai/ai2_arc", "ARC-Ea
 VALIDATION = Source("arc_easy_validation", "arc/ARC-Easy-Dev.jsonl", ("allenai/ai2_arc", "ARC-Easy", "validation"))
 
 
-def arc_easy(data_dir: Path | None = None, split: str = "test") -> list[dict]:
+def items(data_dir: Path | None = None, split: str = "test") -> list[dict]:
     """[{'question','choices','gold'}] from AI2's JSONL (test = harness arc_easy, validation = the paper's)."""
     source = TEST if split == "test" else VALIDATION
     path = local_file(source, data_dir)

@@ -4,7 +4,8 @@ hellaswag_full (llama.cpp's 10,042 items) is full.py."""
 from __future__ import annotations
 
 from ..base import HarnessCopy, Task, accuracy_metric, first, multiple_choice
-from .reader import harness_file, hellaswag, hellaswag_in_order
+from . import reader
+from .reader import harness_file
 
 
 def score_docs(score, docs: list[dict], protocol: str, desc: str, items: list | None) -> dict:
@@ -17,11 +18,11 @@ def score_docs(score, docs: list[dict], protocol: str, desc: str, items: list | 
 def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None,
         notes: list | None = None) -> dict:
     if protocol == "paper":  # the author's first N, in the validation set's order
-        docs, source = hellaswag_in_order(data_dir)
+        docs, source = reader.items_in_order(data_dir)
         if notes is not None:
             notes.append(source)
     else:
-        docs = hellaswag(data_dir)
+        docs = reader.items(data_dir)
     return score_docs(score, first(docs, limit), protocol, "hellaswag", items)
 
 

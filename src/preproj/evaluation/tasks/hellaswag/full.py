@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from ..base import Task, first
-from . import score_docs
-from .reader import FULL_NOTE, hellaswag
+from . import reader, score_docs
+from .reader import FULL_NOTE
 
 
 def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None,
         notes: list | None = None) -> dict:
-    result = score_docs(score, first(hellaswag(data_dir, full=True), limit), protocol, "hellaswag_full", items)
+    result = score_docs(score, first(reader.items(data_dir, full=True), limit), protocol, "hellaswag_full", items)
     if notes is not None:
         notes.append(FULL_NOTE)
     return result

@@ -17,7 +17,7 @@ FULL_NOTE = (
 )
 
 
-def hellaswag_preprocess(text: str) -> str:
+def preprocess(text: str) -> str:
     """The harness's HellaSwag cleaning: WikiHow [title]/[step] artefacts out, double spaces collapsed."""
     text = text.strip().replace(" [title]", ". ")
     text = re.sub(r"\[.*?\]", "", text)
@@ -27,15 +27,15 @@ def hellaswag_preprocess(text: str) -> str:
 def _hellaswag_doc(r: dict) -> dict:
     ctx = r["ctx_a"] + " " + r["ctx_b"].capitalize()
     return {
-        "query": hellaswag_preprocess(r["activity_label"] + ": " + ctx),
-        "choices": [hellaswag_preprocess(e) for e in r["endings"]],
+        "query": preprocess(r["activity_label"] + ": " + ctx),
+        "choices": [preprocess(e) for e in r["endings"]],
         "gold": int(r["label"]),
         "raw_ctx": r["ctx"],  # the paper protocol scores raw ctx + " " + ending
         "raw_endings": list(r["endings"]),
     }
 
 
-def hellaswag(data_dir: Path | None = None, full: bool = False) -> list[dict]:
+def items(data_dir: Path | None = None, full: bool = False) -> list[dict]:
     """[{'query','choices','gold','raw_ctx','raw_endings'}]; full=True reads llama.cpp's 10,042-item file."""
     if full:
         return _hellaswag_full(data_dir)
@@ -63,7 +63,7 @@ def _hellaswag_full(data_dir: Path | None) -> list[dict]:
 HELLASWAG_RAW_ITEMS = 3000
 
 
-def hellaswag_in_order(data_dir: Path | None = None) -> tuple[list[dict], str]:
+def items_in_order(data_dir: Path | None = None) -> tuple[list[dict], str]:
     """The validation set in its original order with raw ctx and endings (the paper protocol's 'first 500'),
     and where it came from: the local full file, else the Hub."""
     if local_file(FULL, data_dir) is None:

@@ -7,7 +7,8 @@ import math
 import numpy as np
 
 from ..base import PAPER_MAX_TOKENS, HarnessCopy, Metric, Task, accuracy_metric, first, mean_stderr
-from .reader import harness_file, lambada
+from . import reader
+from .reader import harness_file
 
 
 def harness(score, docs: list[dict], items: list | None = None) -> dict:
@@ -42,7 +43,7 @@ def paper(score, docs: list[dict], items: list | None = None) -> dict:
 
 def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None,
         notes: list | None = None) -> dict:
-    docs = first(lambada(data_dir), limit)
+    docs = first(reader.items(data_dir), limit)
     return harness(score, docs, items) if protocol == "harness" else paper(score, docs, items)
 
 

@@ -9,7 +9,7 @@ from ....data import Source, hub_rows, jsonl_rows, local_file
 TEST = Source("lambada", "lambada/lambada_test.jsonl", ("EleutherAI/lambada_openai", "default", "test"))
 
 
-def lambada(data_dir: Path | None = None) -> list[dict]:
+def items(data_dir: Path | None = None) -> list[dict]:
     """[{'text'}]: the OpenAI detokenised test set (lambada_openai), 5153 passages."""
     path = local_file(TEST, data_dir)
     rows = jsonl_rows(path) if path else list(hub_rows(TEST, data_dir))

@@ -9,7 +9,8 @@ import re
 import numpy as np
 
 from ..base import PAPER_MAX_TOKENS, HarnessCopy, Metric, Task, first, mean_stderr, ratio_stderr
-from .reader import harness_file, wikitext_detokenize, wikitext_documents, wikitext_rows
+from . import reader
+from .reader import harness_file
 
 # the author's perplexity rule (docs/method.md: the frozen probe)
 PAPER_WIKITEXT_ROWS, PAPER_MIN_CHARS, PAPER_MIN_TOKENS = 300, 50, 10
@@ -20,7 +21,7 @@ def harness(score, docs: list[dict], items: list | None = None, *, detokenize: b
     file's text; detokenize=False scores each page as the file has it (spaced punctuation)."""
     windows, owner = [], []
     for i, doc in enumerate(docs):
-        text = wikitext_detokenize(doc["page"]) if detokenize else doc["page"]
+        text = reader.detokenize(doc["page"]) if detokenize else doc["page"]
         for w in score.rolling_windows(score.harness_encode(text)):
             windows.append(w)
             owner.append(i)
@@ -72,8 +73,8 @@ def paper(score, rows: list[str], items: list | None = None) -> dict:
 def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None,
         notes: list | None = None) -> dict:
     if protocol == "harness":
-        return harness(score, first(wikitext_documents(data_dir), limit), items)
-    return paper(score, wikitext_rows("valid", data_dir), items)  # the author's own rows, whatever the limit
+        return harness(score, first(reader.documents(data_dir), limit), items)
+    return paper(score, reader.rows("valid", data_dir), items)  # the author's own rows, whatever the limit
 
 
 # Documents are scored as ratios of sums (a document's negative log-likelihood over its words or tokens).

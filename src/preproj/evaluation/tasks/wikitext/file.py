@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..base import Task, first, no_protocol
-from . import HELDOUT_LOSS, WORD_PERPLEXITY, harness
-from .reader import wikitext_documents
+from . import HELDOUT_LOSS, WORD_PERPLEXITY, harness, reader
 
 
 def run(score, protocol: str, limit: int | None, data_dir, items: list | None = None,
@@ -15,7 +14,7 @@ def run(score, protocol: str, limit: int | None, data_dir, items: list | None = 
     if protocol != "harness":
         raise no_protocol("wikitext_file", protocol, "it is the harness protocol's WikiText in the file's own format; "
                           "the paper protocol scores its own WikiText rows (task wikitext).")
-    return harness(score, first(wikitext_documents(data_dir), limit), items, detokenize=False)
+    return harness(score, first(reader.documents(data_dir), limit), items, detokenize=False)
 
 
 TASK = Task("wikitext_file", "WikiText-2 test in the file's own format (the training text's)", run,

@@ -30,7 +30,7 @@ def split_articles(raw: str) -> list[str]:
     return pages
 
 
-def wikitext_documents(data_dir: Path | None = None) -> list[dict]:
+def documents(data_dir: Path | None = None) -> list[dict]:
     """[{'page'}]: WikiText-2 raw test, one document per article (62 of them)."""
     path = local_file(WIKITEXT_TEST, data_dir)
     if path:
@@ -38,7 +38,7 @@ def wikitext_documents(data_dir: Path | None = None) -> list[dict]:
     return [{"page": r["page"]} for r in hub_rows(WIKITEXT_TEST, data_dir)]
 
 
-def wikitext_rows(split: str = "valid", data_dir: Path | None = None) -> list[str]:
+def rows(split: str = "valid", data_dir: Path | None = None) -> list[str]:
     """The raw split as the Hub's wikitext-*-raw-v1 rows: one row per line of the file, each keeping its
     trailing newline, blank lines as ''."""
     path = local_file(WIKITEXT_VALID if split == "valid" else WIKITEXT_TEST, data_dir)
@@ -48,7 +48,7 @@ def wikitext_rows(split: str = "valid", data_dir: Path | None = None) -> list[st
     return [row if row.strip() else "" for row in wikitext_lines(split, data_dir)]
 
 
-def wikitext_detokenize(text: str) -> str:
+def detokenize(text: str) -> str:
     """The harness's wikitext detokenizer (lm_eval/tasks/wikitext/preprocess_wikitext.py)."""
     s = text.replace("s '", "s'")
     s = re.sub(r"/' [0-9]/", r"/'[0-9]/", s)
