@@ -11,7 +11,7 @@ from .core.config import PreProjConfig  # noqa: E402
 from .core.families import supported_model_types  # noqa: E402
 from .data import DataNotFound  # noqa: E402
 from .evaluation.runner import EvalArgs, evaluate  # noqa: E402
-from .evaluation.tasks import Metric, Task, register_task  # noqa: E402
+from .evaluation.tasks import HarnessCopy, Metric, Task, register_task  # noqa: E402
 from .methods.registry import Method, register_method  # noqa: E402
 from .runtime.files import RunInUse, WriteFailed  # noqa: E402
 from .runtime.loading import ModelLoadError, load_model  # noqa: E402
@@ -46,6 +46,7 @@ __all__ = [
     "pretrain",
     "Task",
     "Metric",
+    "HarnessCopy",
     "register_task",
     "Method",
     "register_method",

@@ -27,7 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import arc_easy, hellaswag, lambada, wikitext
-from .base import PAPER_LIMIT, PROTOCOLS, Metric, Task, mean_stderr, ratio_stderr, read_items
+from .base import PAPER_LIMIT, PROTOCOLS, HarnessCopy, Metric, Task, mean_stderr, ratio_stderr, read_items
 from .hellaswag import full as hellaswag_full
 from .wikitext import file as wikitext_file
 
@@ -73,5 +73,5 @@ def run_task(score, name: str, protocol: str, limit: int | None, data_dir: Path 
     return task(name).run(score, protocol, limit, data_dir, items, notes)
 
 
-__all__ = ["TASK_TABLE", "Task", "Metric", "register_task", "default_tasks", "task", "columns", "paired_metrics",
-           "run_task", "read_items", "PROTOCOLS", "PAPER_LIMIT", "mean_stderr", "ratio_stderr"]
+__all__ = ["TASK_TABLE", "Task", "Metric", "HarnessCopy", "register_task", "default_tasks", "task", "columns",
+           "paired_metrics", "run_task", "read_items", "PROTOCOLS", "PAPER_LIMIT", "mean_stderr", "ratio_stderr"]
