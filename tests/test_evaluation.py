@@ -494,3 +494,20 @@ def test_every_task_with_a_harness_declaration_is_written_from_its_folder(tmp_pa
     assert "{path}" not in config and _json.dumps(str(data / "lambada" / "lambada_test.jsonl")) in config
     with pytest.raises(ValueError, match="lambada's harness config reads the data directory's file"):
         TASK_TABLE["lambada"].harness.data_file(tmp_path, data, 5)
+
+
+
+def test_a_task_registered_from_outside_brings_its_own_harness_config(tmp_path, monkeypatch):
+    from preproj.evaluation.harness import write_local_tasks
+    from preproj.evaluation.tasks import TASK_TABLE, HarnessCopy, Task
+
+    def data_file(folder, data, limit):
+        (folder / "rows.jsonl").write_text('{"q": "2+2", "a": "4"}\n')
+        return folder / "rows.jsonl"
+
+    config = "task: preproj_sums\ndataset_path: json\ndataset_kwargs: {data_files: {test: {path}}}\n"
+    toy = Task("sums", "toy", lambda *a, **k: {}, {}, default=False, harness=HarnessCopy(data_file, config=config))
+    monkeypatch.setitem(TASK_TABLE, "sums", toy)
+    assert "preproj_sums" in write_local_tasks(tmp_path / "h", data_dir())
+    written = (tmp_path / "h" / "sums" / "preproj_sums.yaml").read_text()
+    assert written == config.replace("{path}", '"' + str(tmp_path / "h" / "sums" / "rows.jsonl") + '"')

@@ -44,7 +44,11 @@ def harness_tasks() -> list[str]:
 
 
 def harness_yaml(task: str) -> str:
-    """The task's lm-evaluation-harness config (evaluation/tasks/<task>/harness.yaml), {path} still in it."""
+    """The task's lm-evaluation-harness config (its declaration's, else evaluation/tasks/<task>/harness.yaml), {path}
+    still in it."""
+    config = TASK_TABLE[task].harness.config
+    if config is not None:
+        return config
     return resources.files(f"{__package__}.tasks.{task}").joinpath("harness.yaml").read_text(encoding="utf-8")
 
 

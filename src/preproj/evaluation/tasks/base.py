@@ -47,6 +47,9 @@ class HarnessCopy:
     reads the data directory's file refuses one (the harness's own limit cuts it)."""
     helpers: tuple[str, ...] = ()
     """Paths under lm_eval/tasks of the modules the YAML imports (`!function module.name`)."""
+    config: str | None = None
+    """The YAML itself, {path} where the data file's path goes; default: harness.yaml in the task's folder under
+    evaluation/tasks (a task registered from outside preproj gives its own)."""
 
 
 @dataclass(frozen=True)
