@@ -65,8 +65,8 @@ class Arm:
 ARM_KEYS = {"method": "the method it trains (base, lora, skip, ...)",
             "lr": "a fixed peak learning rate, or \"common\"; default: the method's swept rate, else the budget's",
             "precision": "its training precision; default: the study's",
-            "eval_precision": "its evaluation precision, loading the base in its training precision's dtype; "
-                              "default: the study's"}
+            "eval_precision": "its evaluation precision, default: the study's; named here, it may load the base in "
+                              "another dtype than training did (the arm's saved adapter is scored on that base)"}
 
 
 def named_arm(name: str, spec: dict) -> Arm:
