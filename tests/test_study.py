@@ -24,6 +24,12 @@ from preproj.experiments.sweep import common_rate
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _tiny_budget(corpus: Path) -> str:
+    """A study file's [train] table for runs of two steps on `corpus` with a tiny model."""
+    return "\n".join(["[train]", f'data = "{corpus}"', "seq_len = 32", "batch_size = 2", "steps = 2", "warmup = 1",
+                      "eval_every = 2", "save_every = 2", ""])
+
+
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
@@ -261,15 +267,7 @@ seeded_methods = ["skip", "lora", "skip@common", "lora@common"]
 precision = "fp32"
 eval_precision = "fp32"
 compile = false
-[train]
-data = "{corpus}"
-seq_len = 32
-batch_size = 2
-steps = 2
-warmup = 1
-eval_every = 2
-save_every = 2
-[eval]
+{_tiny_budget(corpus)}[eval]
 limits = {{lambada = 3, hellaswag = 2, arc_easy = 2, wikitext = 1}}
 max_length = 256
 [sweep]
@@ -346,15 +344,7 @@ method = "skip"
 lr = 1e-3
 precision = "bf16-frozen"
 eval_precision = "fp32"
-[train]
-data = "{corpus}"
-seq_len = 32
-batch_size = 2
-steps = 2
-warmup = 1
-eval_every = 2
-save_every = 2
-[eval]
+{_tiny_budget(corpus)}[eval]
 tasks = ["lambada"]
 limits = {{lambada = 3}}
 max_length = 256

@@ -10,7 +10,6 @@ import numpy as np
 from ..evaluation.tasks import Metric, columns
 from ..runtime.provenance import describe
 from .pairing import (
-    column_names,
     digits,
     family_sizes,
     inside_margin,
@@ -74,7 +73,7 @@ def _fmt_precisions(report: dict) -> str:
 
 
 def render_report(report: dict) -> str:
-    protocol = report["protocol"]
+    protocol, cols = report["protocol"], scored_columns(report)
     pending = report.get("pending")
     interim = [f"**Interim report**: {len(pending)} run(s) still to come ({', '.join(pending)}); every figure below is "
                "from the runs finished so far.", ""] if pending else []
@@ -84,11 +83,11 @@ def render_report(report: dict) -> str:
              + f". Training: {_fmt_training(report)}. {_fmt_precisions(report)} {_fmt_seeds(report)}. "
              "Intervals are 95%: over seeds when there are several, else 1.96 x the metric's standard error, which "
              "carries no seed-to-seed variation (a row with one trained seed is conditional on it).", "",
-             "| method | seeds | lr | trainable params | " + " | ".join(m.header for _, m in scored_columns(report))
+             "| method | seeds | lr | trainable params | " + " | ".join(m.header for _, m in cols)
              + " | train tokens | train time | eval time |",
-             "|---" * (len(scored_columns(report)) + 7) + "|"]
+             "|---" * (len(cols) + 7) + "|"]
     for method, row in report["methods"].items():
-        cells = [_fmt(row["metrics"][f"{t}.{m.name}"], m) for t, m in scored_columns(report)]
+        cells = [_fmt(row["metrics"][f"{t}.{m.name}"], m) for t, m in cols]
         trained = bool(row["trainable_params"])
         params = f"{row['trainable_params'] / 1e6:.2f}M" if trained else "–"
         train_time = _fmt_seconds(row["train_seconds"]) if trained else "–"
@@ -287,7 +286,7 @@ def paired_paragraph(report: dict) -> str:
 
 def agreement_paragraph(report: dict) -> str:
     """One paragraph, written from the numbers: the sign of each method's change over base, against the paper's 160M."""
-    rows, protocol = report["methods"], report["protocol"]
+    rows = report["methods"]
     if "base" not in rows:
         return "No base row was run, so no change over the base model can be compared with the paper."
     paper = PAPER_TABLE["Pythia-160M"]
@@ -322,9 +321,10 @@ def agreement_paragraph(report: dict) -> str:
             parts.append(f"{metric.header.split()[0]} {delta:+.3g} (paper {theirs:+.3g}: {verdict})")
         said.append(f"{method}: " + "; ".join(parts) + ".")
     said = "Change over base, ours against the paper's Pythia-160M. " + " ".join(said)
-    if "wikitext" not in dict(scored_columns(report)):
+    wikitext = dict(scored_columns(report)).get("wikitext")
+    if wikitext is None:
         return said
-    ppl_key = "wikitext." + column_names(protocol)["wikitext"]
+    ppl_key = "wikitext." + wikitext.name
     ranking = sorted(rows, key=lambda m: rows[m]["metrics"][ppl_key]["mean"])
     return (said + f" Ranked by WikiText perplexity (lower is better): {' < '.join(ranking)}; the paper's "
             "160M ranking is preproj+skip < preproj+lora < lora < preproj < base. Training and the perplexity "

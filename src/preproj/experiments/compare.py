@@ -136,7 +136,8 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
 
     runs, pending = [], []  # runs: one per finished (method, seed); pending: those a report-only pass finds unfinished
     reused, all_tasks = 0, scored_tasks(eval_cfg)
-    trained: dict[tuple, dict] = {}  # (method, lr, seed, precisions) -> its run: arms that name one training share it
+    # (method, lr, seed, precisions) -> its run, None while it is still to come: arms that name one training share it
+    trained: dict[tuple, dict | None] = {}
     for name, seed in run_plan(methods, seeds,
                                (args.seeded_methods or preset.get("seeded_methods") or ",".join(methods))):
         a, train_p, eval_p = arms[name]
@@ -145,7 +146,7 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
             (sweep["chosen"][method] if sweep else train_args["lr"])
         key = (method, lr, seed, train_p.name, eval_p.name)
         if key in trained:
-            if not trained[key].get("pending"):
+            if trained[key] is not None:
                 runs.append({**trained[key], "method": name, "same_run_as": trained[key]["method"]})
             continue
         run_dir = out / f"{name}-seed{seed}"
@@ -161,7 +162,7 @@ def _compare(args: CompareArgs, methods: list[str], preset: dict, precision, eva
             reused += 1
         elif args.report_only:  # an arm that is another's training (METHOD@common at its own rate) is listed once
             pending.append(run_dir.name)
-            trained[key] = {"method": name, "pending": True}
+            trained[key] = None
         else:
             runs.append(_run_arm(this, name, seed, lr, run_dir))
         if runs and runs[-1]["run_dir"] == run_dir.name:
