@@ -66,3 +66,48 @@ def test_a_plans_margin_turns_a_null_into_equivalent_or_undecided_corrected_in_i
     assert "Equivalence (two one-sided tests within the plan's margins" in text
     assert "skip vs lora on lambada.acc: equivalent within ±0.01; 1 undecided." in text
     assert "no detectable difference" not in text.split("Equivalence")[1]
+
+
+def test_what_a_null_could_have_detected_is_given_at_the_level_its_family_decides_at():
+    # The smallest detectable effect and the seeds that would decide are those at alpha over the family's size, the
+    # level a comparison passes whatever the rest of its family shows; an uncorrected figure would promise more.
+    from preproj.analysis.stats import paired_t
+
+    a, b = _arms(0.0, seeds=3, items=3000, flip=0.05, seed=3)
+    rule = "raw, separate quantiles"
+    alone = paired_difference(a, b, accuracy, seed_paired=True, rule=rule, metric="lambada.acc")
+    alone.equivalence = equivalence(a, b, accuracy, 0.015, seed_paired=True, rule=rule)
+    test = alone.at_level
+    alone.at_level = lambda alpha: {**test(alpha), "seeds_to_decide": equivalence(
+        a, b, accuracy, 0.015, seed_paired=True, rule=rule, alpha=alpha)["seeds_to_decide"]}
+    assert alone.at_level(0.05)["mde"] == pytest.approx(alone.mde, rel=1e-12)
+    plan = {"alpha": 0.05, "families": [{"name": "four", "correction": "holm", "members": "all"}]}
+    entries = [{"method": m, "reference": "lora", **alone.to_dict(), "raw_verdict": alone.verdict}
+               for m in ("skip", "gate", "preproj", "value-residual")]
+    assert "at_level" not in entries[0]
+    correct(entries, plan, [alone] * 4)
+    entry = entries[0]
+    assert entry["detect_alpha"] == pytest.approx(0.05 / 4)
+    assert entry["mde"] == pytest.approx(alone.at_level(0.0125)["mde"]) and entry["mde"] > 1.2 * alone.mde
+    assert (alone.equivalence["seeds_to_decide"], entry["equivalence"]["seeds_to_decide"]) == (3, 5)
+    if entry["verdict"] == "no detectable difference":
+        assert describe_entry(entry).endswith(f"(would detect ±{entry['mde']:.3f} after correction)")
+    # a family of one asks for no stricter level, and says nothing about a correction
+    single = [{"method": "skip", "reference": "lora", **alone.to_dict(), "raw_verdict": alone.verdict}]
+    correct(single, {"alpha": 0.05, "families": [{"name": "one", "correction": "holm", "members": "all"}]}, [alone])
+    assert single[0]["mde"] == pytest.approx(alone.mde) and "after correction" not in describe_entry(single[0])
+    # the seed-paired t of the from-scratch studies: the same at 0.05, wider at a stricter level
+    t = paired_t([1.0, 1.2, 0.9, 1.1], [1.05, 1.3, 0.92, 1.2])
+    assert t.at_level(0.05)["mde"] == pytest.approx(t.mde) and t.at_level(0.01)["mde"] > t.mde
+
+
+def test_the_level_a_comparison_needs_counts_what_its_family_has_already_called():
+    from preproj.analysis.pairing import detect_level
+
+    entry, called = {"p": 0.2}, [{"p": 1e-6}, {"p": 1e-5}]
+    both = {id(e) for e in called}
+    assert detect_level(entry, ("holm", 4, both), 0.05) == pytest.approx(0.05 / 2)  # Holm's third step
+    assert detect_level(entry, ("benjamini-hochberg", 4, both), 0.05) == pytest.approx(0.05 * 3 / 4)
+    assert detect_level(entry, ("holm", 4, set()), 0.05) == detect_level(entry, ("benjamini-hochberg", 4, set()), 0.05)
+    assert detect_level(called[0], ("holm", 4, both), 0.05) == pytest.approx(0.05 / 3)  # itself not counted
+    assert detect_level(entry, None, 0.05) == 0.05

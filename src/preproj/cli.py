@@ -276,7 +276,7 @@ def _paired(ns: argparse.Namespace) -> int:
     if not found:
         raise ValueError(f"{ns.a} and {ns.b} share no task scored on the same items under the {ns.protocol} protocol.")
     entries = [{"method": "B", "reference": "A", **p.to_dict(), "raw_verdict": p.verdict} for p in found]
-    correct(entries, {"families": [{"name": "these metrics", "correction": "holm", "members": "all"}]})
+    correct(entries, {"families": [{"name": "these metrics", "correction": "holm", "members": "all"}]}, found)
     print(f"{ns.b} against {ns.a}: B - A, 95% interval over items"
           + (" and seeds" if any(max(p.seeds) > 1 for p in found) else "")
           + f" ({found[0].test}), p-value Holm-adjusted over the {len(found)} metrics, verdict for B")

@@ -37,15 +37,15 @@ def _one_sided_p(distance: float, parts: _Parts, rule: str) -> float:
 
 
 def equivalence(a: np.ndarray, b: np.ndarray, statistic: Statistic, margin: float, *, seed_paired: bool = False,
-                rule: str = RULE) -> dict:
+                rule: str = RULE, alpha: float = 0.05) -> dict:
     """B against A within ±margin: {"margin", "p": the TOST p-value, "seeds_to_decide": the seeds per arm at which
-    the difference or the equivalence test would decide (None where no count up to 200 would)}, from one estimate of
-    the variance parts."""
+    the difference or the equivalence test would decide at level alpha (None where no count up to 200 would)}, from
+    one estimate of the variance parts."""
     if not margin > 0:
         raise ValueError(f"an equivalence margin must be > 0, got {margin!r}.")
     parts = _as_parts(a, b, statistic, seed_paired)
     return {"margin": margin, "p": _tost_p(parts, margin, rule),
-            "seeds_to_decide": _seeds_to_decide(parts, margin, rule)}
+            "seeds_to_decide": _seeds_to_decide(parts, margin, rule, alpha)}
 
 
 def _as_parts(a, b, statistic: Statistic, seed_paired: bool) -> _Parts:

@@ -3,6 +3,7 @@ and p-value over items and seeds (analysis.stats), and the verdicts the plan's c
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -61,8 +62,11 @@ def paired_between(a: dict[str, list[Path]], b: dict[str, list[Path]], protocol:
                                        higher_is_better=metric.higher_is_better, seed_paired=pair, rule=rule))
         margin = (margins or {}).get(found[-1].metric)
         if margin is not None:
-            found[-1].equivalence = equivalence(va, vb, STATISTICS[metric.statistic], margin, seed_paired=pair,
-                                                rule=rule)
+            test = functools.partial(equivalence, va, vb, STATISTICS[metric.statistic], margin, seed_paired=pair,
+                                     rule=rule)
+            found[-1].equivalence = test()
+            found[-1].at_level = lambda alpha, mde_at=found[-1].at_level, test=test: {
+                **mde_at(alpha), "seeds_to_decide": test(alpha=alpha)["seeds_to_decide"]}
     return found
 
 
@@ -105,7 +109,7 @@ def paired_comparisons(runs: list[dict], methods: list[str], protocol: str, out:
              if {c["method"], c["reference"]} <= set(methods)]
     seeds = {m: sorted(r["seed"] for r in runs if r["method"] == m) for m in methods}
     rule = plan.get("rule", RULE)
-    found, twin = [], []  # the plan's rule, and the other convention's, each corrected in full
+    found, twin, measured = [], [], []  # the plan's rule, and the other convention's, each corrected in full
     for method, reference in pairs:
         a, b = _run_files(out, runs, reference), _run_files(out, runs, method)
         for task in a:  # a run from before per-item records has no file: no paired comparison for it
@@ -116,7 +120,9 @@ def paired_comparisons(runs: list[dict], methods: list[str], protocol: str, out:
             for p in paired_between(a, b, protocol, seed_paired, r, plan.get("margins")):
                 if not plan.get("metrics") or p.metric in plan["metrics"]:
                     entries.append({"method": method, "reference": reference, **p.to_dict(), "raw_verdict": p.verdict})
-    correct(found, plan)
+                    if entries is found:
+                        measured.append(p)
+    correct(found, plan, measured)
     correct(twin, plan)
     for entry, other in zip(found, twin, strict=True):
         entry["fragile"] = entry["verdict"] != other["verdict"]
@@ -153,14 +159,19 @@ def plan_alpha(plan: dict | None) -> float:
     return (plan or {}).get("alpha", 0.05)
 
 
-def correct(found: list[dict], plan: dict) -> None:
+def correct(found: list[dict], plan: dict, measured: list[Paired] | None = None) -> None:
     """Adjusted p-values per family (Holm or Benjamini-Hochberg), and each entry's verdict from its adjusted p: a claim
     follows its Holm family, every other entry Benjamini-Hochberg over all comparisons.
 
     A declared member not measured yet (its runs are still to come) keeps its place in the family as p = 1, so an
     interim report corrects for the whole declared family: both corrections only lower an adjusted p when a p falls,
-    so no call an interim report makes is withdrawn when the rest arrive."""
+    so no call an interim report makes is withdrawn when the rest arrive.
+
+    `measured`, the Paired each entry came from: the smallest detectable effect and the seeds that would decide are
+    then those at the level its family's correction asks of the entry, the others' p-values as they are
+    (detect_level), recorded as "detect_alpha"."""
     alpha = plan_alpha(plan)
+    shape = {}  # family -> (correction, size, the members it calls)
     adjust = {"holm": holm, "benjamini-hochberg": benjamini_hochberg}
     sizes = family_sizes(plan, found)
     for family in plan["families"]:
@@ -172,7 +183,10 @@ def correct(found: list[dict], plan: dict) -> None:
         members = [e for e in found if wanted is None or (e["method"], e["reference"], e["metric"]) in wanted]
         unmeasured = sizes.get(family["name"], (0, 0))[1]
         p_values = [e["p"] for e in members] + [1.0] * unmeasured
-        for entry, q in zip(members, adjust[family["correction"]](p_values)):
+        adjusted = adjust[family["correction"]](p_values)
+        shape[family["name"]] = (family["correction"], len(p_values), {id(e) for e, q in zip(members, adjusted)
+                                                                      if q < alpha})
+        for entry, q in zip(members, adjusted):
             entry.setdefault("adjusted", {})[family["name"]] = q
             if family["correction"] == "holm" or "decided_by" not in entry:
                 entry["decided_by"] = family["name"]
@@ -183,6 +197,24 @@ def correct(found: list[dict], plan: dict) -> None:
             entry["equivalence"].setdefault("adjusted", {})[family["name"]] = q
     for entry in found:
         entry["verdict"] = verdict_in(entry, entry.get("decided_by"), alpha)
+    for entry, paired in zip(found, measured or [], strict=True) if measured is not None else ():
+        entry["detect_alpha"] = detect_level(entry, shape.get(entry.get("decided_by")), alpha)
+        if paired.at_level is not None:
+            figures = paired.at_level(entry["detect_alpha"])
+            entry["mde"] = figures["mde"]
+            if "seeds_to_decide" in figures:
+                entry["equivalence"]["seeds_to_decide"] = figures["seeds_to_decide"]
+
+
+def detect_level(entry: dict, family: tuple[str, int, set] | None, alpha: float) -> float:
+    """The raw p at which `entry` would be called, the rest of its family as it is: Holm's next step, alpha over the
+    members not yet called; Benjamini-Hochberg's, alpha times (the others called + 1) over the family's size. With
+    nothing else called, both are alpha over the size (Bonferroni)."""
+    if family is None:
+        return alpha
+    correction, size, called = family
+    others = len(called - {id(entry)})
+    return alpha / (size - others) if correction == "holm" else alpha * (others + 1) / size
 
 
 def _or_one(p: float) -> float:
@@ -222,6 +254,12 @@ def interval_text(entry: dict) -> str:
     return f"{f.format(entry['effect'])} [{f.format(entry['low'])}, {f.format(entry['high'])}]"
 
 
+def detectable_text(entry: dict, alpha: float = 0.05) -> str:
+    """'would detect ±0.030', with 'after correction' where the entry's family asked for a stricter level."""
+    corrected = " after correction" if entry.get("detect_alpha", alpha) < alpha else ""
+    return f"would detect ±{entry['mde']:.{digits(entry['metric'])}f}{corrected}"
+
+
 def describe_entry(entry: dict, alpha: float = 0.05) -> str:
     """'+0.021 [+0.003, +0.040] p 0.021, adj. 0.084 (all): no detectable difference (would detect ±0.030)', its
     p-values written on their side of the plan's alpha."""
@@ -235,7 +273,7 @@ def describe_entry(entry: dict, alpha: float = 0.05) -> str:
         text += f", adj. {p_text(q, alpha)}"
     text += f": {entry['verdict']}{inside_margin(entry, entry.get('decided_by'), alpha)}"
     if entry["verdict"] == "no detectable difference":
-        text += f" (would detect ±{entry['mde']:.{d}f})"
+        text += f" ({detectable_text(entry, alpha)})"
     if entry["verdict"].startswith("undecided"):
         n = entry["equivalence"].get("seeds_to_decide")
         text += f" ({n} seeds would decide it)" if n else " (more seeds on these items would not decide it)"

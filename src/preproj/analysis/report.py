@@ -10,6 +10,7 @@ import numpy as np
 from ..evaluation.tasks import Metric, columns
 from ..runtime.provenance import describe
 from .pairing import (
+    detectable_text,
     digits,
     family_sizes,
     inside_margin,
@@ -118,8 +119,8 @@ def render_report(report: dict) -> str:
                   "Each claim is one method against one reference, checked by the paired difference above and "
                   "corrected with Holm's method within its family of claims: confirmed when the adjusted p is below "
                   f"{alpha:g} and the effect lies on the paper's side of zero, refuted when it lies on the other side, "
-                  "otherwise not detectable at this budget (with the smallest effect the run could have detected, "
-                  "uncorrected). The depth claim uses a t interval over seeds.", ""]
+                  "otherwise not detectable at this budget (with the smallest effect the run could have detected after "
+                  "the correction). The depth claim uses a t interval over seeds.", ""]
         lines += claims_table(report.get("claims", []), report.get("depth"), digits, alpha)
     lines += ["", "## What agrees and what does not", "", agreement_paragraph(report), ""]
     lines += provenance_section(report)
@@ -186,7 +187,7 @@ def question_table(report: dict) -> list[str]:
             continue
         answer = verdict_in(entry, family["name"], alpha)
         if answer == "no detectable difference":
-            answer += f" (would detect ±{entry['mde']:.{digits(entry['metric'])}f})"
+            answer += f" ({detectable_text(entry, alpha)})"
         elif answer.startswith("undecided"):
             n = entry["equivalence"].get("seeds_to_decide")
             answer += f" ({n} seeds would decide it)" if n else " (more seeds would not decide it on these items)"
@@ -257,7 +258,9 @@ def paired_paragraph(report: dict) -> str:
            f"Every verdict follows the p-value adjusted for the comparisons of its family ({families}"
            + (f", declared in {plan['file']}" if plan.get("file") else "") + "): better or worse only when the "
            f"adjusted p is below {plan_alpha(plan):g}; otherwise the cell gives the smallest effect this run "
-           "could have detected (80% power, uncorrected). A call marked fragile changes, after correction, under the "
+           "could have detected with 80% power at the level that decides it whatever else its family shows (alpha "
+           "over the family's size; 'after correction' where that is below alpha). A call marked fragile changes, "
+           "after correction, under the "
            f"other defensible convention for the seeds' variance ({other_convention(plan.get('rule', RULE))}).")
     called = [p for p in paired if p["verdict"] in DIFFERENT]
     if not called:

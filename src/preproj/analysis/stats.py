@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -59,6 +59,10 @@ class Paired:
     equivalence: dict | None = None
     """Where a plan declares a margin for the metric: the margin, the TOST p and the seeds that would decide
     (analysis/equivalence.py); left out of to_dict() where there is none."""
+    at_level: Callable[[float], dict] | None = field(default=None, repr=False, compare=False)
+    """The same run's figures at another two-sided level alpha: {"mde": ...}, and "seeds_to_decide" where there is
+    an equivalence test. A family's correction asks for a stricter level than 0.05 (pairing.correct); never
+    written out."""
 
     @property
     def verdict(self) -> str:
@@ -69,6 +73,7 @@ class Paired:
 
     def to_dict(self) -> dict:
         found = {**asdict(self), "verdict": self.verdict}
+        del found["at_level"]
         if found["equivalence"] is None:
             del found["equivalence"]
         return found
@@ -284,7 +289,8 @@ def paired_difference(a: np.ndarray, b: np.ndarray, statistic: Statistic, *, met
     half, mde, p, _ = _interval(parts, rule, confidence)
     return Paired(metric, float(statistic(a).mean()), float(statistic(b).mean()), parts.effect, parts.effect - half,
                   parts.effect + half, float(mde), a.shape[1], (len(a), len(b)), higher_is_better, p,
-                  "seed-paired" if seed_paired else "item-and-seed")
+                  "seed-paired" if seed_paired else "item-and-seed",
+                  at_level=lambda alpha: {"mde": float(_interval(parts, rule, 1 - alpha, with_p=False)[1])})
 
 
 def intervals_by_rule(a: np.ndarray, b: np.ndarray, statistic: Statistic, *, seed_paired: bool = False,
@@ -374,8 +380,12 @@ def paired_t(a, b, *, metric: str = "", higher_is_better: bool = True, confidenc
                       (n, n), higher_is_better)
     se = diff.std(ddof=1) / math.sqrt(n)
     t = scipy_stats.t.ppf(0.5 + confidence / 2, n - 1)
-    mde = (t + scipy_stats.t.ppf(0.80, n - 1)) * se
     effect = float(diff.mean())
     p = float(2 * scipy_stats.t.sf(abs(effect) / se, n - 1)) if se > 0 else math.nan
-    return Paired(metric, float(a.mean()), float(b.mean()), effect, effect - t * se, effect + t * se, float(mde), 0,
-                  (n, n), higher_is_better, p=p, test="seed-paired")
+
+    def at_level(alpha: float) -> dict:
+        return {"mde": float((scipy_stats.t.isf(alpha / 2, n - 1) + scipy_stats.t.ppf(0.80, n - 1)) * se)}
+
+    return Paired(metric, float(a.mean()), float(b.mean()), effect, effect - t * se, effect + t * se,
+                  at_level(1 - confidence)["mde"], 0, (n, n), higher_is_better, p=p, test="seed-paired",
+                  at_level=at_level)

@@ -40,7 +40,7 @@ def paired_by_plan(sizes: dict, plan: dict) -> list[dict]:
     base@params's width) is compared once. Each entry also lands in its size's `paired` table."""
     found, compared, alpha = [], set(), plan_alpha(plan)
     for family in plan["families"]:
-        reference, members = family["reference"], []
+        reference, members, measured = family["reference"], [], []
         for key, entry in sizes.items():
             for variant in distinct(entry["variants"]):
                 pair = (key, frozenset((variant, reference)))
@@ -51,8 +51,9 @@ def paired_by_plan(sizes: dict, plan: dict) -> list[dict]:
                     compared.add(pair)
                 members += [{"method": variant, "reference": reference, "size": key, **p.to_dict(),
                              "raw_verdict": p.verdict} for p in found_pair]
-        correct(members, {"alpha": alpha,
-                          "families": [{"name": family["name"], "correction": family["correction"], "members": "all"}]})
+                measured += found_pair
+        correct(members, {"alpha": alpha, "families": [
+            {"name": family["name"], "correction": family["correction"], "members": "all"}]}, measured)
         for m in members:
             if "items" in sizes[m["size"]]["variants"][m["method"]]:  # vision: one entry per metric
                 m["text"] = describe_entry(m, alpha)
