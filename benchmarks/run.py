@@ -472,6 +472,31 @@ def linear_weights(model) -> int:
     return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
+def linear_kernel_ratio(base, adapted, dtype: torch.dtype, batch: int, rounds: int, calls: int = 200) -> float:
+    """Adapted over base: the time one decoding step's linear layers take (every nn.Linear once, M = batch rows; the
+    LM head too, which generate() applies to the last position only), each distinct weight shape timed alone. It is
+    what the two models' matmul kernels alone predict for their generation time ratio, against the FLOP ratio."""
+    def shapes(model) -> dict[tuple[int, int], int]:
+        found: dict[tuple[int, int], int] = {}
+        for m in model.modules():
+            if isinstance(m, torch.nn.Linear):
+                found[tuple(m.weight.shape)] = found.get(tuple(m.weight.shape), 0) + 1
+        return found
+
+    counts = {"base": shapes(base), "adapted": shapes(adapted)}
+    seconds = {}
+    for shape in sorted(set(counts["base"]) | set(counts["adapted"])):
+        w = torch.randn(shape, dtype=dtype, device=DEVICE)
+        x = torch.randn(batch, 1, shape[1], dtype=dtype, device=DEVICE)
+
+        def run(w=w, x=x) -> None:
+            for _ in range(calls):
+                torch.nn.functional.linear(x, w)
+        seconds[shape] = statistics.median(interleaved_times({"gemv": run}, rounds)["gemv"]) / calls
+    total = {k: sum(n * seconds[shape] for shape, n in c.items()) for k, c in counts.items()}
+    return total["adapted"] / total["base"]
+
+
 def bench_generate(base, adapted, rounds: int, new_tokens: int, log) -> dict:
     flop_ratio = linear_weights(adapted) / linear_weights(base)  # matmul FLOPs per generated token
     rows = {}
@@ -489,9 +514,11 @@ def bench_generate(base, adapted, rounds: int, new_tokens: int, log) -> dict:
             key = f"{str(dtype).removeprefix('torch.')}/batch{batch}"
             rows[key] = {"base_tok_s": batch * new_tokens / statistics.median(t["base"]),
                          "adapted_tok_s": batch * new_tokens / statistics.median(t["adapted"]),
-                         "ratio": paired_ratio(t, "adapted", "base"), "round_seconds": t}
+                         "ratio": paired_ratio(t, "adapted", "base"), "round_seconds": t,
+                         "kernel_ratio": linear_kernel_ratio(models["base"], models["adapted"], dtype, batch, rounds)}
             log(f"  {key:<16} base {rows[key]['base_tok_s']:6.1f} tok/s  "
-                f"adapted {rows[key]['adapted_tok_s']:6.1f} tok/s  time ratio {rows[key]['ratio']:.3f}")
+                f"adapted {rows[key]['adapted_tok_s']:6.1f} tok/s  time ratio {rows[key]['ratio']:.3f}  "
+                f"linear kernels alone {rows[key]['kernel_ratio']:.3f}")
     return {"prompt_tokens": 32, "new_tokens": new_tokens, "flop_ratio": flop_ratio, "rows": rows}
 
 
@@ -691,6 +718,17 @@ def profile_ceiling(t: dict, flops: float, peak: float) -> str:
             "call.")
 
 
+def eval_ceiling(t: dict) -> str:
+    """How much faster the profiled evaluation batch could get with its arithmetic as it is: its GEMMs at each
+    shape's speed alone, attention as measured, everything else free."""
+    listed = sum(g["seconds"] for g in t["gemms"])
+    alone = sum(g["flop_per_s"] * g["seconds"] / g["alone_flop_per_s"] for g in t["gemms"])
+    floor = alone + (t["seconds"]["GEMMs"] - listed) + t["seconds"]["attention"]
+    return (f"Ceiling of the {t['label']}: its GEMMs take {alone:.3f} s at each shape's speed alone; with attention as "
+            f"measured and everything else free, the batch would take {floor:.3f} s, "
+            f"{t['wall_seconds'] / floor:.2f}x faster than this call.")
+
+
 def format_profile(p: dict, train: dict | None = None) -> str:
     """The profile as markdown: one table of categories per profiled call, then each call's GEMMs by shape, and
     with the training rows of the same run, each training step's ceiling (profile_ceiling)."""
@@ -715,6 +753,7 @@ def format_profile(p: dict, train: dict | None = None) -> str:
         if row:
             peak = train["peak_in_rounds"]["fp32_flop_per_s" if precision == "fp32" else "bf16_flop_per_s"]
             lines += ["", profile_ceiling(t, row["flops_per_step"], peak)]
+    lines += [line for t in tables if t["label"].startswith("evaluation batch") for line in ("", eval_ceiling(t))]
     return "\n".join(lines)
 
 
@@ -735,9 +774,12 @@ def format_table(r: dict) -> str:
         g = r["generate"]
         lines += ["", f"Greedy generation, {g['prompt_tokens']}-token prompt + {g['new_tokens']} tokens "
                       f"(matmul FLOP ratio adapted/base {g['flop_ratio']:.3f})",
-                  "| dtype / batch | base tok/s | adapted tok/s | time ratio |", "|---|---|---|---|"]
+                  "| dtype / batch | base tok/s | adapted tok/s | time ratio | linear kernels alone |",
+                  "|---|---|---|---|---|"]
         for key, row in g["rows"].items():
-            lines.append(f"| {key} | {row['base_tok_s']:.1f} | {row['adapted_tok_s']:.1f} | {row['ratio']:.3f} |")
+            kernels = f"{row['kernel_ratio']:.3f}" if "kernel_ratio" in row else "–"  # runs before it was measured
+            lines.append(f"| {key} | {row['base_tok_s']:.1f} | {row['adapted_tok_s']:.1f} | {row['ratio']:.3f} | "
+                         f"{kernels} |")
     if "kv" in r:
         kv = r["kv"]
         lines += ["", f"K/V cache at {kv['context']} tokens: base {kv['base_bytes']:,} B, "

@@ -269,6 +269,7 @@ def bench_table(bench: Path, starts: str) -> str:
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "results" / "bench.json"
+GENERATE = ROOT / "benchmarks" / "results" / "generate.json"  # `run.py --only generate`: the kernels' share
 BLOCKS = {  # page -> {block name: what writes it}
     "docs/results/study-cpu.md": {"study-tables": lambda: tables(ROOT / "results" / "study-cpu")},
     "README.md": {"headline": lambda: headline(ROOT / "results" / "study-cpu")},
@@ -286,6 +287,7 @@ BLOCKS = {  # page -> {block name: what writes it}
         ("bench-train", "| method | precision"), ("bench-generate", "| dtype"), ("bench-eval", "| task | items"),
         ("bench-targets", "| target |"))} | {
         "bench-profile": lambda: bench_profile(BENCH),
+        "bench-generate-kernels": lambda: bench_table(GENERATE, "| dtype"),
         "bench-eval-adapters": lambda: bench_table(BENCH, "| method | adapter")},
 }
 

@@ -69,6 +69,8 @@ def test_generate_kv_and_the_targets_table(bench):
     g = bench.bench_generate(base, adapted, rounds=1, new_tokens=3, log=lambda msg: None)
     assert set(g["rows"]) == {"float32/batch1", "float32/batch8", "bfloat16/batch1", "bfloat16/batch8"}
     assert g["flop_ratio"] > 1
+    # the adapter's linear layers add kernel time, and the ratio counts each of them (three per adapted layer)
+    assert all(row["kernel_ratio"] > 1 for row in g["rows"].values())
     assert all(torch.equal(v, before[k]) for k, v in base.state_dict().items())  # bf16 runs used copies
     kv = bench.bench_kv(base, adapted)
     assert kv["ratio"] == 1.0 and kv["base_bytes"] > 0
@@ -79,6 +81,7 @@ def test_generate_kv_and_the_targets_table(bench):
     assert r["targets"]["generation_overhead"]["bound"] == g["flop_ratio"]  # the FLOP ratio is the bound
     table = bench.format_table(r)
     assert "K/V cache" in table and "float32/batch8" in table
+    assert f"| {g['rows']['bfloat16/batch1']['kernel_ratio']:.3f} |" in table
 
 
 def test_eval_adapters_section_times_every_method_standalone(bench, monkeypatch):
@@ -128,3 +131,15 @@ def test_a_training_steps_ceiling_counts_its_gemms_at_their_speed_alone_and_the_
     train = {"rows": {"preproj+skip/bf16-mixed/compiled": {"flops_per_step": 25e9}},
              "peak_in_rounds": {"bf16_flop_per_s": 1e12, "fp32_flop_per_s": 1e11}}
     assert text in bench.format_profile({"cpu": "x", "tables": [table]}, train)
+
+
+def test_the_evaluation_ceiling_frees_everything_but_the_gemms_and_attention(bench):
+    seconds = dict.fromkeys(bench.CATEGORIES, 0.0) | {"GEMMs": 0.05, "attention": 0.01}
+    shape = {"a": [8, 4], "b": [4, 4], "dtype": "fp32", "calls": 1}
+    gemms = [{**shape, "flop_per_s": 1e9, "seconds": 0.04, "alone_flop_per_s": 2e9}]  # half as fast as alone
+    table = {"label": "evaluation batch (8 x 123 tokens), fp32", "wall_seconds": 0.1, "seconds": seconds,
+             "gemms": gemms}
+    text = bench.eval_ceiling(table)
+    # 0.02 s alone + 0.01 s of GEMMs beyond the listed shapes + 0.01 s of attention = 0.04 s of a 0.1 s call
+    assert "GEMMs take 0.020 s at each shape's speed alone" in text and "0.040 s, 2.50x faster" in text
+    assert text in bench.format_profile({"cpu": "x", "tables": [table]}, {"rows": {}})
