@@ -13,9 +13,9 @@ keeping the positions in place (`keep_positions=True`) is the position-shuffle p
 carried by content that does not depend on where it is.
 
 `preproj pretrain --task mnist` trains it through the text side's loop (training/scratch_vision.py); a trained model
-is a directory (directory.py).
-
-Not yet here: a learned absolute position embedding, export.
+is a directory (directory.py). `VisionShape(position="learned")` adds a learned absolute position embedding instead
+(pixtral.py), with which the modules read position. Not offered: export (`preproj export` refuses a vision run in
+one line).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class VisionShape:
         """Tokens the blocks see: one per patch."""
         return self.grid ** 2
 
-    given_tokens = tokens
+    given_tokens = tokens  # every token is given (video's next-frame objective also has mask tokens)
 
     def config(self):
         return pixtral_config(self, self.image_size)
