@@ -2,7 +2,8 @@
 
 An independent check of `preproj/stats.py` and the corrections in `preproj/compare.py`: this file imports only
 numpy and scipy, reads the run directories' items.TASK.jsonl and the report's results.json, and recomputes every
-paired entry (the effect, its 95% interval, its p-value, the family-adjusted p-values and the verdict) from the
+paired entry (the effect, its 95% interval, its p-value, the family-adjusted p-values, the verdict, and the smallest
+effect it could detect at the level its family asks of it) from the
 method written in results/coverage.md. It prints each disagreement and exits 1 if there is any.
 
     .venv/bin/python scripts/recompute.py results/study-cpu
@@ -224,6 +225,7 @@ def recomputed(out: Path, report: dict, rule: str) -> list[dict]:
             margin = entry["equivalence"]["margin"]
             mine[-1].update(margin=margin, tost=tost(mine[-1], margin, rule), tost_q={})
     measured = {(e["method"], e["reference"], e["metric"]) for e in report["paired"]}
+    alpha, shape = plan.get("alpha", 0.05), {}
     for family in plan["families"]:
         wanted = None if family["members"] == "all" else {(x["method"], x["reference"], x["metric"])
                                                           for x in family["members"]}
@@ -232,13 +234,17 @@ def recomputed(out: Path, report: dict, rule: str) -> list[dict]:
         missing = [1.0] * len(committed_to(plan, family) - measured)  # declared, runs still to come
         adjust = holm if family["correction"] == "holm" else bh
         adjusted = adjust([mine[i]["p"] for i in idx] + missing)
+        shape[family["name"]] = (family["correction"], len(idx) + len(missing),
+                                 {i for i, q in zip(idx, adjusted) if q < alpha})
         for i, q in zip(idx, adjusted):
             if family["correction"] == "holm" or mine[i]["family"] is None:
                 mine[i]["family"], mine[i]["q"] = family["name"], q
         tested = [i for i in idx if "margin" in mine[i]]  # the equivalence tests, corrected the same way
         for i, q in zip(tested, adjust([_or_one(mine[i]["tost"]) for i in tested] + missing)):
             mine[i]["tost_q"][family["name"]] = q
-    alpha = plan.get("alpha", 0.05)
+    for i, m in enumerate(mine):
+        m["detect_alpha"] = detect_level(i, shape.get(m["family"]), alpha)
+        m["mde"] = detectable(m["parts"], rule, m["detect_alpha"])
     for m in mine:
         m.setdefault("q", m["p"])
         raw = "no detectable difference" if m["low"] <= 0 <= m["high"] else \
@@ -249,6 +255,29 @@ def recomputed(out: Path, report: dict, rule: str) -> list[dict]:
             q = m["tost_q"].get(m["family"], _or_one(m["tost"]))
             m["verdict"] = f"{'equivalent within' if q < alpha else 'undecided at'} ±{m['margin']:g}"
     return mine
+
+
+def detect_level(i: int, family, alpha: float) -> float:
+    """The raw p at which entry i would be called with the rest of its family as it is: Holm's next step, or
+    Benjamini-Hochberg's (alpha over the family's size when nothing else is called)."""
+    if family is None:
+        return alpha
+    correction, size, called = family
+    others = len(called - {i})
+    return alpha / (size - others) if correction == "holm" else alpha * (others + 1) / size
+
+
+def detectable(parts, rule: str, c: float) -> float:
+    """The smallest effect a two-sided level-c test built as the interval is would detect with 80% power."""
+    def q(level: float, df: float) -> float:
+        return stats.t.isf(level, df) if math.isfinite(df) else stats.norm.isf(level)
+
+    var_items, df_items, terms = parts
+    if rule.endswith("separate quantiles"):
+        return math.sqrt((q(c / 2, df_items) + q(0.2, df_items)) ** 2 * var_items
+                         + sum((q(c / 2, df) + q(0.2, df)) ** 2 * v for v, df in terms))
+    se, df = _se_df(parts, rule)
+    return (q(c / 2, df) + q(0.2, df)) * se
 
 
 def _or_one(p: float) -> float:
@@ -263,7 +292,8 @@ def main(argv: list[str]) -> int:
     problems = 0
     for entry, m, other in zip(report["paired"], own, twin):
         name = f"{entry['method']} - {entry['reference']} {entry['metric']}"
-        for key in ("effect", "low", "high", "p"):
+        checked = ("effect", "low", "high", "p") + (("detect_alpha", "mde") if "detect_alpha" in entry else ())
+        for key in checked:  # reports written before the detectable effect took its family's level have none
             if not math.isclose(entry[key], m[key], rel_tol=1e-7, abs_tol=1e-12 if key != "p" else 1e-15):
                 problems += 1
                 print(f"{name}: {key} {entry[key]!r} in results.json, {m[key]!r} recomputed")

@@ -111,6 +111,7 @@ def test_recompute_agrees_with_compare_from_the_item_files_alone_and_catches_a_c
     assert {(e["method"], e["reference"]) for e in report["paired"]} == {("skip", "base"), ("lora", "base"),
                                                                          ("skip", "lora")}
     assert {e["test"] for e in report["paired"] if e["reference"] == "lora"} == {"seed-paired"}
+    assert all(e["detect_alpha"] < 0.05 for e in report["paired"])  # the detectable effects it checked: corrected
     assert {e["metric"] for e in report["paired"]} >= {"wikitext_file.word_perplexity", "wikitext.heldout_loss"}
     assert "all agree" in capsys.readouterr().out
     path = tmp_path / "skip-seed43" / "items.lambada.jsonl"
