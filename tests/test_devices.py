@@ -327,3 +327,29 @@ def test_cuda_eval_matches_cpu():
     gpu = LogLikelihood(model.to("cuda"), CharTokenizer(), progress=False)(pairs)
     assert [g for _, g in cpu] == [g for _, g in gpu]
     assert all(abs(a - b) < 1e-4 for (a, _), (b, _) in zip(cpu, gpu, strict=True))
+
+
+def test_preproj_runs_from_a_source_tree_that_is_not_installed(tmp_path):
+    # benchmarks/gpu_check.sh runs preproj from src/ on PYTHONPATH on a GPU machine that cannot pip install it: no
+    # distribution metadata, so the version is said to be unknown rather than failing the import or a saved adapter.
+    import subprocess
+
+    script = f"""
+import importlib.metadata as metadata
+found = metadata.version
+def version(name):
+    if name == "preproj":
+        raise metadata.PackageNotFoundError(name)
+    return found(name)
+metadata.version = version
+import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import json, preproj
+from conftest import tiny_model
+model = preproj.attach(tiny_model("llama"), preproj.PreProjConfig(mode="skip"))
+preproj.save_adapter(model, {str(tmp_path)!r})
+print(preproj.__version__, json.load(open({str(tmp_path / "adapter_config.json")!r}))["preproj_version"])
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["unknown", "(not", "installed)"] * 2

@@ -1,8 +1,8 @@
 """preproj: position-agnostic pre-projection and content skip for pretrained transformer attention."""
 
-from importlib.metadata import version as _version
+from .runtime.provenance import preproj_version as _preproj_version
 
-__version__ = _version("preproj")
+__version__ = _preproj_version()
 
 from .analysis.stats import benjamini_hochberg, holm, paired_difference  # noqa: E402
 from .core.adapter import AdapterError, load_adapter, save_adapter  # noqa: E402

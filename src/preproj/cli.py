@@ -347,12 +347,9 @@ def resume_command(command: str, argv: list[str]) -> str:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from .runtime.provenance import preproj_version
 
-    try:
-        return version("preproj")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
+    return preproj_version()
 
 
 def _report_summary(report: str) -> str:

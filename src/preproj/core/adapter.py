@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from importlib.metadata import version
 from pathlib import Path
 
 import torch
@@ -17,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..runtime.files import atomic_write, write_json
+from ..runtime.provenance import preproj_version
 from .attach import adapter_state_dict, attach, detach
 from .config import PreProjConfig
 from .families import decoder_layers, family_of, hidden_size
@@ -39,7 +39,7 @@ def adapter_metadata(model: nn.Module, config: PreProjConfig | None = None) -> d
         "family": family.name,
         "hidden_size": hidden_size(model),
         "num_hidden_layers": len(decoder_layers(model, family)),
-        "preproj_version": version("preproj"),
+        "preproj_version": preproj_version(),
     }
 
 

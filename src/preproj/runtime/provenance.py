@@ -57,6 +57,12 @@ def _static() -> dict:
     return record
 
 
+def preproj_version() -> str:
+    """preproj's installed version, or where it runs from a source tree on PYTHONPATH without being installed (as
+    benchmarks/gpu_check.sh runs it on a machine that cannot pip install) a word that says so."""
+    return _version("preproj") or "unknown (not installed)"
+
+
 def _version(name: str) -> str | None:
     try:
         return version(name)
