@@ -197,7 +197,9 @@ def correct(found: list[dict], plan: dict, measured: list[Paired] | None = None)
             entry["equivalence"].setdefault("adjusted", {})[family["name"]] = q
     for entry in found:
         entry["verdict"] = verdict_in(entry, entry.get("decided_by"), alpha)
-    for entry, paired in zip(found, measured or [], strict=True) if measured is not None else ():
+    if measured is None:
+        return
+    for entry, paired in zip(found, measured, strict=True):
         entry["detect_alpha"] = detect_level(entry, shape.get(entry.get("decided_by")), alpha)
         if paired.at_level is not None:
             figures = paired.at_level(entry["detect_alpha"])
