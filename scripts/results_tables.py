@@ -277,6 +277,10 @@ BLOCKS = {  # page -> {block name: what writes it}
     "docs/results/variants.md": {"variants-tables": lambda: scaling_tables(ROOT / "results" / "variants-cpu")},
     "docs/results/bf16-question.md": {"bf16-table": lambda: bf16_table(ROOT / "results" / "bf16-question")},
     "docs/results/comparison.md": {"comparison-table": lambda: comparison_table(ROOT / "results" / "compare-cpu")},
+    "docs/results/confirmatory.md": {
+        "confirmatory-question": lambda: question_table(ROOT / "results" / "confirmatory"),
+        "confirmatory-sweep": lambda: sweep_table(ROOT / "results" / "confirmatory"),
+        "confirmatory-tables": lambda: replication_tables(ROOT / "results" / "confirmatory")},
     "docs/results/gemma3.md": {
         "gemma3-baseline": lambda: baseline_table({"Gemma 3 270M": ROOT / "results" / "gemma3-cpu" / "base-seed42",
                                                    "SmolLM2-135M": ROOT / "results" / "study-cpu" / "base-seed42"}),
