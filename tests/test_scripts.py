@@ -211,7 +211,7 @@ def test_the_results_manifest_lists_every_committed_result_file_with_its_hash():
     changed = [name for name in listed if listed[name] != on_disk[name]]
     assert not changed, f"results files differ from MANIFEST.json: {changed[:5]}"
     assert not [name for name in listed if name.endswith(".jsonl")], "per-item files are committed packed (.xz)"
-    assert sum(e["bytes"] for e in listed.values()) < pack.BUDGET_BYTES, "a clone's results/ stays under 15 MB"
+    assert sum(e["bytes"] for e in listed.values()) < pack.BUDGET_BYTES, "a clone's results/ stays under the budget"
 
 
 def test_the_study_regimes_fit_recovers_the_variance_components_simulate_uses():
