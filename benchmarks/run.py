@@ -36,6 +36,7 @@ The ratios are what count.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import copy
 import json
@@ -476,14 +477,9 @@ def linear_kernel_ratio(base, adapted, dtype: torch.dtype, batch: int, rounds: i
     """Adapted over base: the time one decoding step's linear layers take (every nn.Linear once, M = batch rows; the
     LM head too, which generate() applies to the last position only), each distinct weight shape timed alone. It is
     what the two models' matmul kernels alone predict for their generation time ratio, against the FLOP ratio."""
-    def shapes(model) -> dict[tuple[int, int], int]:
-        found: dict[tuple[int, int], int] = {}
-        for m in model.modules():
-            if isinstance(m, torch.nn.Linear):
-                found[tuple(m.weight.shape)] = found.get(tuple(m.weight.shape), 0) + 1
-        return found
-
-    counts = {"base": shapes(base), "adapted": shapes(adapted)}
+    counts = {name: collections.Counter(tuple(m.weight.shape) for m in model.modules()
+                                        if isinstance(m, torch.nn.Linear))
+              for name, model in (("base", base), ("adapted", adapted))}
     seconds = {}
     for shape in sorted(set(counts["base"]) | set(counts["adapted"])):
         w = torch.randn(shape, dtype=dtype, device=DEVICE)
@@ -702,15 +698,21 @@ def met(name: str, value: float, bound: float) -> bool:
     return {">=": value >= bound, "<=": value <= bound, "==": value == bound}[op]
 
 
+def gemms_alone(t: dict) -> tuple[float, float]:
+    """A profiled call's listed GEMMs timed at each shape's speed alone, and the seconds of its GEMMs beyond the
+    listed shapes (as measured)."""
+    alone = sum(g["flop_per_s"] * g["seconds"] / g["alone_flop_per_s"] for g in t["gemms"])
+    return alone, t["seconds"]["GEMMs"] - sum(g["seconds"] for g in t["gemms"])
+
+
 def profile_ceiling(t: dict, flops: float, peak: float) -> str:
     """What the profiled training step could reach with its kernels as they are: its GEMMs at each shape's speed
     alone (those beyond the listed shapes at their measured time), attention and the loss as measured, everything
     else free."""
-    listed = sum(g["seconds"] for g in t["gemms"])
     gemm_flop = sum(g["flop_per_s"] * g["seconds"] for g in t["gemms"])
-    alone = sum(g["flop_per_s"] * g["seconds"] / g["alone_flop_per_s"] for g in t["gemms"])
+    alone, beyond = gemms_alone(t)
     rest = t["seconds"]["attention"] + t["seconds"]["loss (LM head and softmax)"]
-    floor = alone + (t["seconds"]["GEMMs"] - listed) + rest
+    floor = alone + beyond + rest
     return (f"Ceiling of the {t['label']}: its GEMMs ({gemm_flop / 1e9:.0f} of the step's {flops / 1e9:.0f} GFLOP) "
             f"take {alone:.3f} s at each shape's speed alone, {gemm_flop / alone / peak:.0%} of the large-GEMM peak; "
             f"with attention and the loss as measured ({rest:.3f} s) and everything else free, the step would take "
@@ -721,9 +723,8 @@ def profile_ceiling(t: dict, flops: float, peak: float) -> str:
 def eval_ceiling(t: dict) -> str:
     """How much faster the profiled evaluation batch could get with its arithmetic as it is: its GEMMs at each
     shape's speed alone, attention as measured, everything else free."""
-    listed = sum(g["seconds"] for g in t["gemms"])
-    alone = sum(g["flop_per_s"] * g["seconds"] / g["alone_flop_per_s"] for g in t["gemms"])
-    floor = alone + (t["seconds"]["GEMMs"] - listed) + t["seconds"]["attention"]
+    alone, beyond = gemms_alone(t)
+    floor = alone + beyond + t["seconds"]["attention"]
     return (f"Ceiling of the {t['label']}: its GEMMs take {alone:.3f} s at each shape's speed alone; with attention as "
             f"measured and everything else free, the batch would take {floor:.3f} s, "
             f"{t['wall_seconds'] / floor:.2f}x faster than this call.")

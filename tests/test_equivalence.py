@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 import pytest
 
 from preproj.analysis.equivalence import equivalence
-from preproj.analysis.pairing import correct, describe_entry, verdict_in
+from preproj.analysis.pairing import correct, describe_entry, verdict_in, with_equivalence
 from preproj.analysis.report import paired_paragraph
 from preproj.analysis.stats import RULES, accuracy, paired_difference
 
@@ -75,11 +76,8 @@ def test_what_a_null_could_have_detected_is_given_at_the_level_its_family_decide
 
     a, b = _arms(0.0, seeds=3, items=3000, flip=0.05, seed=3)
     rule = "raw, separate quantiles"
-    alone = paired_difference(a, b, accuracy, seed_paired=True, rule=rule, metric="lambada.acc")
-    alone.equivalence = equivalence(a, b, accuracy, 0.015, seed_paired=True, rule=rule)
-    test = alone.at_level
-    alone.at_level = lambda alpha: {**test(alpha), "seeds_to_decide": equivalence(
-        a, b, accuracy, 0.015, seed_paired=True, rule=rule, alpha=alpha)["seeds_to_decide"]}
+    alone = with_equivalence(paired_difference(a, b, accuracy, seed_paired=True, rule=rule, metric="lambada.acc"),
+                             functools.partial(equivalence, a, b, accuracy, 0.015, seed_paired=True, rule=rule))
     assert alone.at_level(0.05)["mde"] == pytest.approx(alone.mde, rel=1e-12)
     plan = {"alpha": 0.05, "families": [{"name": "four", "correction": "holm", "members": "all"}]}
     entries = [{"method": m, "reference": "lora", **alone.to_dict(), "raw_verdict": alone.verdict}

@@ -62,12 +62,18 @@ def paired_between(a: dict[str, list[Path]], b: dict[str, list[Path]], protocol:
                                        higher_is_better=metric.higher_is_better, seed_paired=pair, rule=rule))
         margin = (margins or {}).get(found[-1].metric)
         if margin is not None:
-            test = functools.partial(equivalence, va, vb, STATISTICS[metric.statistic], margin, seed_paired=pair,
-                                     rule=rule)
-            found[-1].equivalence = test()
-            found[-1].at_level = lambda alpha, mde_at=found[-1].at_level, test=test: {
-                **mde_at(alpha), "seeds_to_decide": test(alpha=alpha)["seeds_to_decide"]}
+            with_equivalence(found[-1], functools.partial(equivalence, va, vb, STATISTICS[metric.statistic], margin,
+                                                          seed_paired=pair, rule=rule))
     return found
+
+
+def with_equivalence(paired: Paired, test) -> Paired:
+    """`paired` with its equivalence test, `test(alpha=...)` (equivalence() with its data and margin bound), at 0.05,
+    and `at_level` giving the seeds that would decide at another level too."""
+    mde_at = paired.at_level
+    paired.equivalence = test()
+    paired.at_level = lambda alpha: {**mde_at(alpha), "seeds_to_decide": test(alpha=alpha)["seeds_to_decide"]}
+    return paired
 
 
 def _items_in(dirs: list[Path]) -> dict[str, list[Path]]:

@@ -258,9 +258,10 @@ def paired_paragraph(report: dict) -> str:
            f"Every verdict follows the p-value adjusted for the comparisons of its family ({families}"
            + (f", declared in {plan['file']}" if plan.get("file") else "") + "): better or worse only when the "
            f"adjusted p is below {plan_alpha(plan):g}; otherwise the cell gives the smallest effect this run "
-           "could have detected with 80% power at the level that decides it whatever else its family shows (alpha "
-           "over the family's size; 'after correction' where that is below alpha). A call marked fragile changes, "
-           "after correction, under the "
+           "could have detected with 80% power at the level its family's correction asks of it, the family's other "
+           "p-values as they are (Holm's next step or Benjamini-Hochberg's; alpha over the family's size when nothing "
+           "else is called; 'after correction' where that is below alpha). A call marked fragile changes, after "
+           "correction, under the "
            f"other defensible convention for the seeds' variance ({other_convention(plan.get('rule', RULE))}).")
     called = [p for p in paired if p["verdict"] in DIFFERENT]
     if not called:
