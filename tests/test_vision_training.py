@@ -4,7 +4,7 @@ files, the model directory, resume, bad input)."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +19,7 @@ from preproj.core.adapter import load_adapter
 from preproj.methods import build_method
 from preproj.training.scratch import PretrainArgs, pretrain, pretrain_methods
 from preproj.training.scratch_vision import train_flops_per_example, vision_shape
-from preproj.vision import ClipTransformer, ImageClassifier
+from preproj.vision import ClipShape, ClipTransformer, ImageClassifier, VisionShape
 
 
 @pytest.fixture(scope="module")
@@ -282,6 +282,36 @@ def test_attention_spread_evenly_measures_the_uniform_distance_and_an_even_share
     sharp = attention_by_depth(model, split, 2, torch.device("cpu"))
     assert abs(sharp["distance"][0] - even["uniform_distance"]) > 1e-3
     assert model.encoder.config._attn_implementation != "eager"  # put back as it was
+
+
+def test_the_attention_each_position_receives_is_mapped_onto_its_grid_and_drawn(tmp_path):
+    """The probe's per-token shares (mean over seeds, times the tokens) land on the patch grid for images and on time
+    slots for clips, in row-major token order; the report draws them and names each variant's peak."""
+    from preproj.experiments.scaling_report import plots, received_maps, vision_markdown
+
+    image = asdict(VisionShape(patch_size=7))  # a 4 x 4 grid
+    shares = [[0.0] * 16 for _ in range(2)]
+    shares[1][6] = 1.0  # layer 1 puts everything on row 1, column 2
+    seeds = [shares, [[1 / 16] * 16, [1 / 16] * 16]]
+    maps = received_maps(image, seeds)
+    assert maps.shape == (2, 4, 4) and maps[1, 1, 2] == pytest.approx(8.5) and maps[0, 0, 0] == pytest.approx(0.5)
+    clip = asdict(ClipShape(frames=8, context=4, tubelet=2, patch_size=32))  # 4 slots of 2 x 2 patches
+    first_slot = [[0.25] * 4 + [0.0] * 12]
+    assert received_maps(clip, [first_slot]).tolist() == [[4.0, 0.0, 0.0, 0.0]]
+    assert received_maps(clip, [None]) is None  # a run from before the probe
+    for task, shape, received in (("mnist", image, seeds), ("moving-mnist", clip, [first_slot, first_slot])):
+        variant = {"shape": shape, "params": 1, "train_flops_per_token": 1, "seeds": 2, "validation_loss": [1.0, 1.1],
+                   "test_loss": [1.0, 1.1], "shuffled_test_loss": [2.0, 2.1], "curves": [[(1, 2.0), (2, 1.0)]] * 2,
+                   "skip_norms": [[0.1] * len(received[0])] * 2, "attention_distance": [[1.0] * len(received[0])] * 2,
+                   "uniform_attention_distance": 1.5, "attention_received": received}
+        results = {"args": {"task": task, "epochs": 1, "batch_size": 8, "lr": 1e-3, "precision": "fp32", "seeds": 2},
+                   "plan": {"families": []}, "sizes": {"1x64": {"variants": {"preproj+skip": variant}, "paired": {}}}}
+        out = tmp_path / task
+        out.mkdir()
+        plots(out, results)
+        assert (out / "attention_received.png").stat().st_size > 0
+        peaks = "0.50, 8.50" if task == "mnist" else "4.00"
+        assert f"position in attention_received.png): preproj+skip {peaks}." in vision_markdown(results)
 
 
 @pytest.mark.parametrize("model_type", [ImageClassifier, ClipTransformer])

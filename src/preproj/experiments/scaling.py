@@ -325,6 +325,7 @@ def _write_results(out: Path, args: ScalingArgs, runs: dict, shapes: dict, timin
                 shuffled_test_loss=[s["loss"]["test_shuffled"] for s in summaries],
                 shuffled_test_accuracy=[s["accuracy"]["test_shuffled"] for s in summaries if "accuracy" in s],
                 attention_distance=[s["attention"]["distance"] for s in summaries],
+                attention_received=[s["attention"].get("received") for s in summaries],
                 uniform_attention_distance=summaries[0]["attention"]["uniform_distance"])
     compared = paired_by_plan(sizes, plan)
     results = {"args": asdict(args), "plan": plan, "sizes": sizes, "comparisons": compared,

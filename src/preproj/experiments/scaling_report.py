@@ -7,6 +7,8 @@ import math
 import statistics
 from pathlib import Path
 
+import numpy as np
+
 from ..analysis.plots import save_figure
 from ..training.probes import uniform_first_token_attention
 
@@ -95,6 +97,7 @@ def vision_markdown(results: dict) -> str:
                           f"seeds; attention spread evenly gives {even:.2f}; attention_distance.png): "
                       + "; ".join(f"{variant} " + ", ".join(f"{x:.2f}" for x in d)
                                   for variant, d in distances.items() if d) + "."]
+        lines += peak_reading(variants)
         for family in plan["families"]:
             reference, rows = family["reference"], entry["paired"].get(family["reference"], {})
             if rows:
@@ -103,8 +106,20 @@ def vision_markdown(results: dict) -> str:
                           for metric, m in by_metric.items()]
         lines.append("")
     lines += ["![loss versus tokens](loss_vs_tokens.png)", "![loss versus FLOPs](loss_vs_flops.png)",
-              "![skip norms](skip_norms.png)", "![attention distance](attention_distance.png)"]
+              "![skip norms](skip_norms.png)", "![attention distance](attention_distance.png)",
+              "![attention received by position](attention_received.png)"]
     return "\n".join(lines) + "\n"
+
+
+def peak_reading(variants: dict) -> list[str]:
+    """The share of the most-attended position by layer, per variant with runs of its own ([] without the probe)."""
+    maps = {n: received_maps(variants[n]["shape"], variants[n].get("attention_received")) for n in distinct(variants)}
+    peaks = {n: m.reshape(len(m), -1).max(axis=1) for n, m in maps.items() if m is not None}
+    if not peaks:
+        return []
+    return ["", "The most-attended position's share by layer, as a multiple of an even share (mean over heads, "
+                "queries, 256 test items and the seeds; every position in attention_received.png): "
+            + "; ".join(f"{n} " + ", ".join(f"{x:.2f}" for x in p) for n, p in peaks.items()) + "."]
 
 
 def sink_reading(entry: dict, even: float) -> str:
@@ -178,6 +193,9 @@ def plots(out: Path, results: dict) -> None:
     import matplotlib.pyplot as plt
 
     sizes = list(results["sizes"].items())
+    task = results["args"].get("task", "text")
+    unit = {"text": "tokens", "mnist": "patches"}.get(task, "tubelets")
+    heldout = "held-out loss (raw valid)" if task == "text" else "validation loss"
     for name, x_of in (("loss_vs_tokens", lambda t, v: t),
                        ("loss_vs_flops", lambda t, v: t * v["train_flops_per_token"])):
         fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4), squeeze=False)
@@ -191,8 +209,8 @@ def plots(out: Path, results: dict) -> None:
                 ys = [statistics.mean(c[i][1] for c in curves) for i in range(n)]
                 ax.plot(xs, ys, label=variant, marker=".")
             ax.set_title(key)
-            ax.set_xlabel("training tokens" if name == "loss_vs_tokens" else "training FLOPs")
-            ax.set_ylabel("held-out loss (raw valid), mean over seeds")
+            ax.set_xlabel(f"training {unit}" if name == "loss_vs_tokens" else "training FLOPs")
+            ax.set_ylabel(f"{heldout}, mean over seeds")
             ax.set_yscale("log")
             ax.legend()
         fig.tight_layout()
@@ -203,10 +221,69 @@ def plots(out: Path, results: dict) -> None:
         even = next(iter(sizes[0][1]["variants"].values()))["uniform_attention_distance"]
         _by_layer(plt, out / "attention_distance.png", sizes, "attention_distance",
                   "mean attention distance (tokens), mean over seeds", even=even)
+        _received_plot(plt, out / "attention_received.png", sizes)
     if _has_sink(results):
         _by_layer(plt, out / "sink.png", sizes, "first_token_attention",
                   "attention on the first token, mean over seeds",
                   even=uniform_first_token_attention(results["args"]["seq_len"]))
+
+
+def received_maps(shape: dict, per_seed: list | None) -> np.ndarray | None:
+    """The attention each token position receives by layer (mean over seeds, heads, queries and items), as a multiple
+    of an even share: (layers, rows, columns) for an image's patches, (layers, time slots) for a clip's tubelets
+    (each slot's mean over its patches). None where no seed has the probe."""
+    runs = _finished(per_seed)
+    if not runs:
+        return None
+    received = np.mean(np.asarray(runs, dtype=float), axis=0)  # (layers, tokens)
+    received = received * received.shape[1]
+    if "image_size" in shape:
+        grid = shape["image_size"] // shape["patch_size"]
+        return received.reshape(len(received), grid, grid)
+    return received.reshape(len(received), shape["frames"] // shape["tubelet"], -1).mean(axis=2)
+
+
+def _received_plot(plt, path: Path, sizes: list) -> None:
+    """Images: one heat map per variant (rows) and layer (columns) of the share each patch receives. Clips: one
+    panel per layer, the share each time slot receives by variant, the first predicted slot marked."""
+    key, entry = sizes[-1]  # the largest size: a grid of heat maps per size would not read
+    names = distinct(entry["variants"])
+    maps = {n: received_maps(entry["variants"][n]["shape"], entry["variants"][n].get("attention_received"))
+            for n in names}
+    maps = {n: m for n, m in maps.items() if m is not None}
+    if not maps:
+        return
+    layers = len(next(iter(maps.values())))
+    if next(iter(maps.values())).ndim == 3:
+        top = max(float(m.max()) for m in maps.values())
+        fig, axes = plt.subplots(len(maps), layers, figsize=(1.6 * layers + 1, 1.6 * len(maps)), squeeze=False)
+        for row, (name, m) in zip(axes, maps.items()):
+            for layer, ax in enumerate(row):
+                image = ax.imshow(m[layer], vmin=0, vmax=top, cmap="viridis")
+                ax.set_xticks([])
+                ax.set_yticks([])
+                if layer == 0:
+                    ax.set_ylabel(name, fontsize=8)
+                if name == names[0]:
+                    ax.set_title(f"layer {layer}", fontsize=8)
+        fig.colorbar(image, ax=axes, label="attention received / even share")
+    else:
+        fig, axes = plt.subplots(1, layers, figsize=(3.2 * layers, 3.2), squeeze=False, sharey=True)
+        shape = entry["variants"][names[0]]["shape"]
+        for layer, ax in enumerate(axes[0]):
+            for name, m in maps.items():
+                ax.plot(range(m.shape[1]), m[layer], marker=".", label=name)
+            if shape.get("objective") == "next-frame":
+                ax.axvline(shape["context"] // shape["tubelet"] - 0.5, color="grey", linestyle="--",
+                           label="first predicted slot")
+            ax.axhline(1.0, color="grey", linestyle=":")
+            ax.set_title(f"{key}, layer {layer}")
+            ax.set_xlabel("time slot")
+        axes[0][0].set_ylabel("attention received / even share")
+        axes[0][-1].legend(fontsize=7)
+        fig.tight_layout()
+    save_figure(fig, path, dpi=110)
+    plt.close(fig)
 
 
 def _by_layer(plt, path: Path, sizes: list, field: str, ylabel: str, even: float | None = None) -> None:
