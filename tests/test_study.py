@@ -225,6 +225,26 @@ def test_a_declared_study_runs_only_from_its_committed_file_and_finds_runs_older
         check_declared(load_study(path))
 
 
+def test_a_scaling_run_still_being_scored_is_not_counted_as_made_under_no_plan(tmp_path):
+    """Training writes its own summary.json before pretrain's last phase (scoring) replaces it with the run's, which
+    records the study: a run caught in between has no result yet, and only finished runs are checked."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for argv in (("init", "-q"), ("config", "user.email", "t@t"), ("config", "user.name", "t")):
+        _git(repo, *argv)
+    path = _write(repo / "s.toml", f"declared = true\nrunner = 'scaling'\nout = '{tmp_path / 'out'}'\n")
+    _git(repo, "add", "s.toml")
+    _git(repo, "commit", "-q", "-m", "plan")
+    study = load_study(path)
+    finished = {"loss": {"test": 1.0}, "provenance": {"recorded_at": "2999-01-01T00:00:00Z",
+                                                      "study": {"sha256": study.sha256}}}
+    for run, summary in (("done", finished), ("scoring", {"provenance": {"recorded_at": "2999-01-01T00:00:00Z"}}),
+                         ("elsewhere", {"loss": {"test": 1.0}, "provenance": {"recorded_at": "2999-01-01T00:00:00Z"}})):
+        (tmp_path / "out" / "4x8" / run / "seed0").mkdir(parents=True)
+        _write(tmp_path / "out" / "4x8" / run / "seed0" / "summary.json", json.dumps(summary))
+    assert runs_older_than_plan(study) == ["4x8/elsewhere/seed0: made under no study file"]
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "studies").glob("*.toml")), ids=lambda p: p.stem)
 def test_every_committed_study_loads_and_its_runs_were_made_under_its_plan(path):
     """A declared study's every run must name this file as committed and come after the commit that declared it:

@@ -274,6 +274,8 @@ def runs_older_than_plan(study: Study) -> list[str]:
     found = out.glob("*/result.json") if isinstance(study.args, CompareArgs) else out.rglob("summary.json")
     for result in sorted(found):
         run = json.loads(result.read_text())
+        if result.name == "summary.json" and "loss" not in run:  # training's own summary: the run is still scoring
+            continue
         made = (run.get("provenance") or {}).get("study") or {}
         where = result.parent.relative_to(out)
         if made.get("sha256") != study.sha256:
