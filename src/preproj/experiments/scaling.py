@@ -169,9 +169,15 @@ def _finished(out: Path) -> dict | None:
     path = out / "summary.json"
     if path.is_file():
         summary = json.loads(path.read_text())
-        if "loss" in summary:  # written by pretrain's last phase, after training's own summary
+        if scored(summary):
             return summary
     return None
+
+
+def scored(summary: dict) -> bool:
+    """Whether a run's summary.json is the one pretrain's last phase writes (with the scores) rather than training's
+    own, which comes first: only then has the run finished."""
+    return "loss" in summary
 
 
 def step_time_share(shape: Shape, tokenizer, args: ScalingArgs, device: torch.device) -> dict:

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..analysis.plots import save_figure
 from ..training.probes import uniform_first_token_attention
+from ..training.scratch_vision import ATTENTION_ITEMS
 
 
 def report_markdown(results: dict) -> str:
@@ -93,8 +94,9 @@ def vision_markdown(results: dict) -> str:
         distances = {variant: _layer_means(v.get("attention_distance")) for variant, v in variants.items()}
         if any(distances.values()):
             even = next(iter(variants.values()))["uniform_attention_distance"]
-            lines += ["", "Mean attention distance by layer, in tokens (over heads, queries, 256 test items and the "
-                          f"seeds; attention spread evenly gives {even:.2f}; attention_distance.png): "
+            lines += ["", "Mean attention distance by layer, in tokens (over heads, queries, "
+                          f"{ATTENTION_ITEMS} test items and the seeds; attention spread evenly gives {even:.2f}; "
+                          "attention_distance.png): "
                       + "; ".join(f"{variant} " + ", ".join(f"{x:.2f}" for x in d)
                                   for variant, d in distances.items() if d) + "."]
         lines += peak_reading(variants)
@@ -113,12 +115,11 @@ def vision_markdown(results: dict) -> str:
 
 def peak_reading(variants: dict) -> list[str]:
     """The share of the most-attended position by layer, per variant with runs of its own ([] without the probe)."""
-    maps = {n: received_maps(variants[n]["shape"], variants[n].get("attention_received")) for n in distinct(variants)}
-    peaks = {n: m.reshape(len(m), -1).max(axis=1) for n, m in maps.items() if m is not None}
+    peaks = {n: m.reshape(len(m), -1).max(axis=1) for n, m in _received_by_variant(variants).items()}
     if not peaks:
         return []
     return ["", "The most-attended position's share by layer, as a multiple of an even share (mean over heads, "
-                "queries, 256 test items and the seeds; every position in attention_received.png): "
+                f"queries, {ATTENTION_ITEMS} test items and the seeds; every position in attention_received.png): "
             + "; ".join(f"{n} " + ", ".join(f"{x:.2f}" for x in p) for n, p in peaks.items()) + "."]
 
 
@@ -243,14 +244,17 @@ def received_maps(shape: dict, per_seed: list | None) -> np.ndarray | None:
     return received.reshape(len(received), shape["frames"] // shape["tubelet"], -1).mean(axis=2)
 
 
+def _received_by_variant(variants: dict) -> dict[str, np.ndarray]:
+    """received_maps for each variant with runs of its own that have the probe."""
+    maps = {n: received_maps(variants[n]["shape"], variants[n].get("attention_received")) for n in distinct(variants)}
+    return {n: m for n, m in maps.items() if m is not None}
+
+
 def _received_plot(plt, path: Path, sizes: list) -> None:
     """Images: one heat map per variant (rows) and layer (columns) of the share each patch receives. Clips: one
     panel per layer, the share each time slot receives by variant, the first predicted slot marked."""
     key, entry = sizes[-1]  # the largest size: a grid of heat maps per size would not read
-    names = distinct(entry["variants"])
-    maps = {n: received_maps(entry["variants"][n]["shape"], entry["variants"][n].get("attention_received"))
-            for n in names}
-    maps = {n: m for n, m in maps.items() if m is not None}
+    maps = _received_by_variant(entry["variants"])
     if not maps:
         return
     layers = len(next(iter(maps.values())))
@@ -264,12 +268,12 @@ def _received_plot(plt, path: Path, sizes: list) -> None:
                 ax.set_yticks([])
                 if layer == 0:
                     ax.set_ylabel(name, fontsize=8)
-                if name == names[0]:
+                if name == next(iter(maps)):
                     ax.set_title(f"layer {layer}", fontsize=8)
         fig.colorbar(image, ax=axes, label="attention received / even share")
     else:
         fig, axes = plt.subplots(1, layers, figsize=(3.2 * layers, 3.2), squeeze=False, sharey=True)
-        shape = entry["variants"][names[0]]["shape"]
+        shape = entry["variants"][next(iter(maps))]["shape"]
         for layer, ax in enumerate(axes[0]):
             for name, m in maps.items():
                 ax.plot(range(m.shape[1]), m[layer], marker=".", label=name)

@@ -29,7 +29,7 @@ from ..runtime.files import write_json
 from ..training import TrainArgs
 from .arms import named_arm
 from .compare_args import PRESETS, CompareArgs
-from .scaling import ScalingArgs
+from .scaling import ScalingArgs, scored
 
 STUDY_KEYS = {"name": "a short name, used in messages", "about": "what the study asks, one paragraph",
               "declared": "true: the plan was committed before any run; runs refuse to start from a file that is not "
@@ -274,7 +274,7 @@ def runs_older_than_plan(study: Study) -> list[str]:
     found = out.glob("*/result.json") if isinstance(study.args, CompareArgs) else out.rglob("summary.json")
     for result in sorted(found):
         run = json.loads(result.read_text())
-        if result.name == "summary.json" and "loss" not in run:  # training's own summary: the run is still scoring
+        if result.name == "summary.json" and not scored(run):  # the run is still being scored
             continue
         made = (run.get("provenance") or {}).get("study") or {}
         where = result.parent.relative_to(out)
