@@ -54,7 +54,7 @@ from torch.profiler import record_function
 from torch.utils.flop_counter import FlopCounterMode
 
 from preproj import PreProjConfig, attach, load_model
-from preproj.core.compiling import compiled_blocks, wants_compile
+from preproj.core.compiling import compiled_blocks
 from preproj.core.loss import causal_lm_loss
 from preproj.experiments.inspection import kv_cache_bytes
 from preproj.methods import build_method
@@ -63,6 +63,8 @@ from preproj.runtime.precision import compute_context as compute_context_for
 from preproj.runtime.precision import precision as precision_for
 from preproj.runtime.precision import resolve_device
 from preproj.training import make_optimizer
+from preproj.training.args import TrainArgs
+from preproj.training.loop import resolved_args
 
 TARGETS = {  # name: (comparison, bound, what it says); a bound of None is computed from the run (see bounds())
     "vs_naive_fp32": (">=", 2.5, "naive fp32 loop's step time / preproj+skip's in the product setting"),
@@ -203,9 +205,9 @@ def step_flops(model, optimizer, ids: torch.Tensor, precision: str) -> float:
 
 
 def product_setting(device: torch.device) -> tuple[str, str]:
-    """(precision, eager or compiled) that `preproj train` picks by default on `device`."""
-    chosen = precision_for("auto", device)
-    return chosen.name, "compiled" if wants_compile(None, device, bf16=chosen.uses_bf16) else "eager"
+    """(precision, eager or compiled) that `preproj train` picks by default on `device`, asked of its own rule."""
+    chosen = resolved_args(TrainArgs(), device)
+    return chosen.precision, "compiled" if chosen.compile else "eager"
 
 
 TRAIN_SETTINGS = [  # (method, precision, mode); the product's own setting is added if it is not among them

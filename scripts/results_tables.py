@@ -267,8 +267,20 @@ def bench_table(bench: Path, starts: str) -> str:
     return "\n".join(table)
 
 
+def bench_targets(*benches: Path) -> str:
+    """The targets table of several runs of benchmarks/run.py on one machine: each target as the last run that
+    checked it measured it (every ratio in it is still measured side by side within that run)."""
+    rows = {}
+    for bench in benches:
+        header, rule, *body = bench_table(bench, "| target |").splitlines()
+        rows |= {row.split(" | ")[0]: row for row in body}
+    return "\n".join([header, rule, *rows.values()])
+
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "results" / "bench.json"
+BENCH_EPYC = ROOT / "benchmarks" / "results" / "bench-epyc.json"  # the same command on the AMD EPYC (avx512_bf16)
+BENCH_EPYC_TRAIN = ROOT / "benchmarks" / "results" / "bench-epyc-train.json"  # its train section, the default fixed
 GENERATE = ROOT / "benchmarks" / "results" / "generate.json"  # `run.py --only generate`: the kernels' share
 BLOCKS = {  # page -> {block name: what writes it}
     "docs/results/study-cpu.md": {"study-tables": lambda: tables(ROOT / "results" / "study-cpu")},
@@ -292,7 +304,14 @@ BLOCKS = {  # page -> {block name: what writes it}
         ("bench-targets", "| target |"))} | {
         "bench-profile": lambda: bench_profile(BENCH),
         "bench-generate-kernels": lambda: bench_table(GENERATE, "| dtype"),
-        "bench-eval-adapters": lambda: bench_table(BENCH, "| method | adapter")},
+        "bench-eval-adapters": lambda: bench_table(BENCH, "| method | adapter"),
+        "bench-epyc-train": lambda: bench_table(BENCH_EPYC_TRAIN, "| method | precision"),
+        "bench-epyc-generate": lambda: bench_table(BENCH_EPYC_TRAIN, "| dtype"),
+        "bench-epyc-generate-first": lambda: bench_table(BENCH_EPYC, "| dtype"),
+        "bench-epyc-eval": lambda: bench_table(BENCH_EPYC, "| task | items"),
+        "bench-epyc-eval-adapters": lambda: bench_table(BENCH_EPYC, "| method | adapter"),
+        "bench-epyc-profile": lambda: bench_profile(BENCH_EPYC),
+        "bench-epyc-targets": lambda: bench_targets(BENCH_EPYC, BENCH_EPYC_TRAIN)},
 }
 
 

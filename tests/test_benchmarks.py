@@ -143,3 +143,14 @@ def test_the_evaluation_ceiling_frees_everything_but_the_gemms_and_attention(ben
     # 0.02 s alone + 0.01 s of GEMMs beyond the listed shapes + 0.01 s of attention = 0.04 s of a 0.1 s call
     assert "GEMMs take 0.020 s at each shape's speed alone" in text and "0.040 s, 2.50x faster" in text
     assert text in bench.format_profile({"cpu": "x", "tables": [table]}, {"rows": {}})
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_product_setting_is_what_preproj_train_picks(bench, monkeypatch, native):
+    """The targets are checked in `preproj train`'s default setting: on a CPU with native bf16 that is the frozen
+    base stored in bf16, compiled (a benchmark that asked 'auto' without saying the base is frozen timed
+    bf16-mixed as the default), and fp32 eager where bf16 is emulated."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.delenv("PREPROJ_COMPILE")  # the suite's own default (eager), not the product's
+    assert bench.product_setting(torch.device("cpu")) == (("bf16-frozen", "compiled") if native else ("fp32", "eager"))
