@@ -15,6 +15,12 @@ VOCAB = 97
 # would cost seconds per test and test inductor rather than preproj. Subprocesses inherit it.
 os.environ.setdefault("PREPROJ_COMPILE", "0")
 
+def set_native_bf16(monkeypatch, native: bool) -> None:
+    """Make this CPU look like one with native bf16 matmuls (avx512_bf16) or one without, for the test's duration."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+
+
 TINY_CONFIGS = {
     "gpt_neox": lambda: transformers.GPTNeoXConfig(
         vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=128,

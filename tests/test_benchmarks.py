@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import set_native_bf16, tiny_model
 
 from preproj import PreProjConfig, attach
 
@@ -150,7 +150,6 @@ def test_the_product_setting_is_what_preproj_train_picks(bench, monkeypatch, nat
     """The targets are checked in `preproj train`'s default setting: on a CPU with native bf16 that is the frozen
     base stored in bf16, compiled (a benchmark that asked 'auto' without saying the base is frozen timed
     bf16-mixed as the default), and fp32 eager where bf16 is emulated."""
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    set_native_bf16(monkeypatch, native)
     monkeypatch.delenv("PREPROJ_COMPILE")  # the suite's own default (eager), not the product's
     assert bench.product_setting(torch.device("cpu")) == (("bf16-frozen", "compiled") if native else ("fp32", "eager"))

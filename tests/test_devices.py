@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CharTokenizer, tiny_model
+from conftest import CharTokenizer, set_native_bf16, tiny_model
 from torch.overrides import TorchFunctionMode
 
 import preproj
@@ -60,13 +60,8 @@ def test_auto_precision_is_bf16_autocast_only_where_bf16_matmuls_are_native(monk
     assert precision("auto", "cpu", frozen_base=True).name == "bf16-frozen"
     assert precision("auto", "cpu", frozen_base=True, base_dtype=torch.bfloat16).name == "bf16-frozen"
     assert precision("auto", "cpu", frozen_base=True, base_dtype=torch.float32).name == "bf16-mixed"
-    _native_bf16(monkeypatch, False)
+    set_native_bf16(monkeypatch, False)
     assert precision("auto", "cpu", frozen_base=True).name == "fp32"
-
-
-def _native_bf16(monkeypatch, native: bool) -> None:
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
 
 
 @pytest.mark.parametrize("name", ["bf16-true", "bf16-mixed", "bf16-frozen"])
@@ -76,7 +71,7 @@ def test_bf16_matmuls_in_float32_give_the_native_numbers(monkeypatch, name):
     ids = torch.randint(3, 90, (2, 24), generator=torch.Generator().manual_seed(0))
     out = {}
     for native in (True, False):
-        _native_bf16(monkeypatch, native)
+        set_native_bf16(monkeypatch, native)
         assert p.emulates_bf16("cpu") is not native and p.emulates_bf16(torch.device("meta")) is False
         model.zero_grad()
         with p.compute_context("cpu"):
@@ -89,7 +84,7 @@ def test_bf16_matmuls_in_float32_give_the_native_numbers(monkeypatch, name):
     # a native GEMM and a float32 one accumulate in different orders: outputs differ by a rounding at most
     assert (emu - ref).abs().max() <= 0.02 * ref.abs().max()
     assert (emu_grad - ref_grad).abs().max() <= 0.05 * ref_grad.abs().max()
-    _native_bf16(monkeypatch, False)
+    set_native_bf16(monkeypatch, False)
     assert precision("fp32").emulates_bf16("cpu") is False
 
 
@@ -99,7 +94,7 @@ def test_emulated_bf16_training_matches_native_and_survives_activation_checkpoin
                                 for i in range(60)))
 
     def run(out, native, **kw):
-        _native_bf16(monkeypatch, native)
+        set_native_bf16(monkeypatch, native)
         args = TrainArgs(model="tiny", out=str(tmp_path / out), data=str(corpus), steps=3, batch_size=2, seq_len=16,
                          eval_batches=1, precision="bf16-true", lr=1e-3, device="cpu", **kw)
         summary, model = train(args, tiny_model("llama", dtype=torch.bfloat16), CharTokenizer(), progress=False)
@@ -129,14 +124,14 @@ def test_auto_is_resolved_once_and_recorded(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "run" / "train_config.json").read_text())["precision"] == "fp32"
     # where bf16 is native: a model passed in float32 trains in bf16-mixed (not refused as bf16-frozen's), one passed
     # in bf16 in bf16-frozen
-    _native_bf16(monkeypatch, True)
+    set_native_bf16(monkeypatch, True)
     for dtype, expected in ((torch.float32, "bf16-mixed"), (torch.bfloat16, "bf16-frozen")):
         summary, _ = train(TrainArgs(model="tiny", out=str(tmp_path / expected), data=str(corpus), steps=1,
                                      batch_size=2, seq_len=16, eval_batches=1, device="cpu"),
                            tiny_model("llama").to(dtype), CharTokenizer(), progress=False)
         assert summary["precision"] == expected
     # a run started under 'auto' resumes with the word its start resolved it to, wherever it resumes
-    _native_bf16(monkeypatch, False)
+    set_native_bf16(monkeypatch, False)
     summary, _ = train(TrainArgs(model="tiny", out=str(tmp_path / "bf16-frozen"), data=str(corpus), steps=1,
                                  batch_size=2, seq_len=16, eval_batches=1, device="cpu", resume=True),
                        tiny_model("llama").to(torch.bfloat16), CharTokenizer(), progress=False)
