@@ -7,6 +7,12 @@ effect it could detect at the level its family asks of it) from the
 method written in results/coverage.md. It prints each disagreement and exits 1 if there is any.
 
     .venv/bin/python scripts/recompute.py results/study-cpu
+
+A from-scratch grid (`preproj scaling`, a scaling study) writes its vision comparisons in another layout, one entry
+per size, variant and metric, each in one family of its plan; it is read as the same list of paired entries
+(`as_compare_layout`) and checked the same way:
+
+    .venv/bin/python scripts/recompute.py results/vision-mnist
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ METRICS = {
     "acc_norm": lambda r: r["acc_norm"],
     "word_perplexity": lambda r: (-r["ll"], r["words"]),
     "heldout_loss": lambda r: (-r["ll"], r["tokens"]),
+    "loss": lambda r: r["loss"],  # a from-scratch vision run's per-item loss (its accuracy is "acc")
     # the paper's perplexity (WikiText rows): exp of the mean over rows of each row's mean loss per token
     "perplexity": lambda r: (-r["ll"] / r["tokens"], 1.0),
 }
@@ -284,9 +291,32 @@ def _or_one(p: float) -> float:
     return p if math.isfinite(p) else 1.0
 
 
+def as_compare_layout(out: Path, results: dict) -> dict:
+    """A from-scratch grid's results.json as compare's: an arm per size and variant ("4x128 skip": its seeds and
+    run directories), the per-item entries under "paired" with the arms' names, and each family of the plan with
+    its members (a grid puts each entry in one family, the one it records as deciding it)."""
+    recorded = Path(results["args"]["out"])
+    methods = {}
+    for size, entry in results["sizes"].items():
+        for variant, row in entry["variants"].items():
+            if "items" in row:  # a text grid compares seeds' losses, not per-item files
+                methods[f"{size} {variant}"] = {"seeds": list(range(len(row["items"]))), "run_dirs": [
+                    str(Path(d).relative_to(recorded)) if not Path(d).is_absolute() else d for d in row["items"]]}
+    paired = [{**e, "method": f"{e['size']} {e['method']}", "reference": f"{e['size']} {e['reference']}"}
+              for e in results["comparisons"] if f"{e['size']} {e['method']}" in methods]
+    families = [{"name": f["name"], "correction": f["correction"], "members": [
+        {k: e[k] for k in ("method", "reference", "metric")} for e in paired if e["decided_by"] == f["name"]]}
+        for f in results["plan"]["families"]]
+    rule = results["plan"].get("rule", "raw, separate quantiles")  # a grid's plan names its rule where not the default
+    return {"methods": methods, "paired": paired, "plan": {"alpha": results["plan"].get("alpha", 0.05),
+                                                           "families": families}, "rule": rule}
+
+
 def main(argv: list[str]) -> int:
     out = Path(argv[0] if argv else "results/study-cpu")
     report = json.loads((out / "results.json").read_text())
+    if "sizes" in report:
+        report = as_compare_layout(out, report)
     rule = report["rule"]
     own, twin = recomputed(out, report, rule), recomputed(out, report, twin_of(rule))
     problems = 0

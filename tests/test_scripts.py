@@ -184,6 +184,60 @@ def test_equivalence_needs_every_tasks_interval_inside_its_margin(tmp_path):
     assert json.loads((tmp_path / "decision.json").read_text())["equivalent"] is True
 
 
+def _vision_grid_fixture(out: Path) -> dict:
+    """A from-scratch vision grid in miniature, as `preproj scaling` leaves it: three variants with three seeds of
+    per-item files (loss and accuracy on 300 test digits), base@flops sharing base@params's runs, and the
+    results.json that the grid's own analysis writes from them under a two-family plan."""
+    import numpy as np
+
+    from preproj.experiments.scaling_compare import paired_by_plan
+
+    rng = np.random.default_rng(1)
+    difficulty = rng.uniform(0.05, 2.0, 300)
+    variants = {}
+    for variant, shift in (("preproj+skip", -0.06), ("base@params", 0.0), ("skip", -0.02)):
+        dirs = []
+        for seed in range(3):
+            run = out / "4x128" / variant / f"seed{seed}"
+            run.mkdir(parents=True)
+            loss = np.maximum(difficulty + shift + rng.normal(0, 0.3, 300) + 0.02 * seed, 0.001)
+            rows = [{"task": "mnist", "index": i, "loss": float(x), "acc": float(x < 1.0)} for i, x in enumerate(loss)]
+            (run / "items.mnist.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            dirs.append(str(run))
+        variants[variant] = {"task": "mnist", "items": dirs, "validation_loss": [hash(variant) + s for s in range(3)]}
+    variants["base@flops"] = variants["base@params"]
+    sizes = {"4x128": {"variants": variants, "paired": {}}}
+    plan = {"alpha": 0.05, "families": [
+        {"name": "against the plain model of equal parameters", "correction": "holm", "reference": "base@params"},
+        {"name": "against preproj+skip", "correction": "holm", "reference": "preproj+skip"}]}
+    results = {"args": {"out": str(out)}, "plan": plan, "sizes": sizes, "comparisons": paired_by_plan(sizes, plan)}
+    (out / "results.json").write_text(json.dumps(results))
+    return results
+
+
+def test_recompute_checks_a_vision_grid_from_its_item_files_and_catches_a_change(tmp_path, capsys):
+    """The layout of a from-scratch grid: every entry (variant, reference, metric) is recomputed with its family's
+    Holm adjustment and detectable effect; a changed item file is caught."""
+    from preproj.analysis.stats import RULE
+
+    results = _vision_grid_fixture(tmp_path)
+    recompute = _load("recompute")
+    assert recompute.as_compare_layout(tmp_path, results)["rule"] == RULE  # the script's default is preproj's
+    assert {(e["method"], e["reference"], e["metric"]) for e in results["comparisons"]} == {
+        (m, r, f"mnist.{k}") for m, r in (("preproj+skip", "base@params"), ("skip", "base@params"),
+                                          ("skip", "preproj+skip")) for k in ("loss", "acc")}  # base@flops: shared
+    assert any(e["fragile"] for e in results["comparisons"])  # calls the other seed-variance convention would not make
+    assert recompute.main([str(tmp_path)]) == 0
+    assert "6 paired entries recomputed" in capsys.readouterr().out
+    path = tmp_path / "4x128" / "skip" / "seed1" / "items.mnist.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for row in rows[:30]:
+        row["loss"] *= 0.5
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert recompute.main([str(tmp_path)]) == 1
+    assert "4x128 skip - 4x128 base@params mnist.loss: effect" in capsys.readouterr().out
+
+
 def test_a_packed_study_recomputes_and_pairs_as_the_plain_one(tmp_path, capsys):
     """pack_results turns per-item files into FILE.jsonl.xz; preproj's readers and recompute.py read them as before."""
     from preproj.analysis.pairing import paired_comparisons

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..analysis.pairing import correct, describe_entry, item_values, plan_alpha
+from ..analysis.pairing import correct, describe_entry, item_values, other_convention, plan_alpha
 from ..analysis.stats import RULE, STATISTICS, paired_difference, paired_t
 from .scaling_report import distinct
 
@@ -39,21 +39,29 @@ def paired_by_plan(sizes: dict, plan: dict) -> list[dict]:
     family compares is not repeated, and a variant that shares its runs with an earlier one (base@flops at
     base@params's width) is compared once. Each entry also lands in its size's `paired` table."""
     found, compared, alpha = [], set(), plan_alpha(plan)
+    rule = plan.get("rule", RULE)
     for family in plan["families"]:
-        reference, members, measured = family["reference"], [], []
+        reference, members, twins, measured = family["reference"], [], [], []
         for key, entry in sizes.items():
             for variant in distinct(entry["variants"]):
                 pair = (key, frozenset((variant, reference)))
                 if variant == reference or reference not in entry["variants"] or pair in compared:
                     continue
-                found_pair = _compared(entry["variants"][reference], entry["variants"][variant], key, plan)
+                a, b = entry["variants"][reference], entry["variants"][variant]
+                found_pair = _compared(a, b, key, rule)
                 if found_pair:
                     compared.add(pair)
                 members += [{"method": variant, "reference": reference, "size": key, **p.to_dict(),
                              "raw_verdict": p.verdict} for p in found_pair]
+                twins += [{"method": variant, "reference": reference, **p.to_dict(), "raw_verdict": p.verdict}
+                          for p in _compared(a, b, key, other_convention(rule))]
                 measured += found_pair
-        correct(members, {"alpha": alpha, "families": [
-            {"name": family["name"], "correction": family["correction"], "members": "all"}]}, measured)
+        alone = {"alpha": alpha, "families": [
+            {"name": family["name"], "correction": family["correction"], "members": "all"}]}
+        correct(members, alone, measured)
+        correct(twins, alone)
+        for m, twin in zip(members, twins, strict=True):  # a call the other convention would not make is fragile
+            m["fragile"] = "items" in sizes[m["size"]]["variants"][m["method"]] and m["verdict"] != twin["verdict"]
         for m in members:
             if "items" in sizes[m["size"]]["variants"][m["method"]]:  # vision: one entry per metric
                 m["text"] = describe_entry(m, alpha)
@@ -65,10 +73,11 @@ def paired_by_plan(sizes: dict, plan: dict) -> list[dict]:
     return found
 
 
-def _compared(reference: dict, variant: dict, size: str, plan: dict) -> list:
-    """The paired differences of `variant` against `reference` (none until both have every seed)."""
+def _compared(reference: dict, variant: dict, size: str, rule: str) -> list:
+    """The paired differences of `variant` against `reference` (none until both have every seed); per-item ones under
+    the interval `rule`."""
     if "items" in variant:
-        return _item_paired(reference, variant, plan.get("rule", RULE))
+        return _item_paired(reference, variant, rule)
     split = "test" if variant["test_loss"] else "validation"  # text files have no separate test text
     a, b = reference[f"{split}_loss"], variant[f"{split}_loss"]
     if not a or len(a) != len(b):
