@@ -252,6 +252,10 @@ def test_a_diverged_sweep_point_loses_the_sweep_and_is_not_retried(data, tmp_pat
     variant = results["sizes"]["1x64"]["variants"]["preproj+skip"]
     assert variant["lr"] == 3e-3 and variant["sweep"]["1"] == [None] and variant["sweep"]["0.003"][0] > 0
     assert (tmp_path / "grid" / "1x64" / "sweep" / "preproj+skip@1" / "seed0" / "diverged.json").is_file()
+    sweep = f"| preproj+skip | **{variant['sweep']['0.003'][0]:.4f}** | diverged |"
+    report = (tmp_path / "grid" / "report.md").read_text()
+    assert f"| variant | lr 0.003 | lr 1 |\n|---|---|---|\n{sweep}" in report
+    assert "a better rate may lie beyond it: preproj+skip (lowest)." in report
     calls.clear()
     scaling.run_scaling(grid, progress=False)
     assert calls == []  # every run, the diverged point included, is read back

@@ -91,6 +91,7 @@ def vision_markdown(results: dict) -> str:
                          f"{_mean_sd(v['test_loss'], digits=4)} | {_mean_sd(v['shuffled_test_loss'], digits=4)} |"
                          + (f" {_mean_sd(v['test_accuracy'], digits=4)} | "
                             f"{_mean_sd(v['shuffled_test_accuracy'], digits=4)} |" if accuracy else ""))
+        lines += sweep_lines(variants)
         distances = {variant: _layer_means(v.get("attention_distance")) for variant, v in variants.items()}
         if any(distances.values()):
             even = next(iter(variants.values()))["uniform_attention_distance"]
@@ -111,6 +112,29 @@ def vision_markdown(results: dict) -> str:
               "![skip norms](skip_norms.png)", "![attention distance](attention_distance.png)",
               "![attention received by position](attention_received.png)"]
     return "\n".join(lines) + "\n"
+
+
+def sweep_lines(variants: dict) -> list[str]:
+    """The learning-rate sweep's validation losses (mean over its seeds), the chosen rate in bold ([] without one)."""
+    swept = {n: variants[n]["sweep"] for n in distinct(variants) if variants[n].get("sweep")}
+    if not swept:
+        return []
+    rates = sorted({r for sweep in swept.values() for r in sweep}, key=float)
+
+    def cell(losses: list | None, chosen: bool) -> str:
+        if not losses or None in losses:
+            return "diverged" if losses else ""
+        text = f"{sum(losses) / len(losses):.4f}"
+        return f"**{text}**" if chosen else text
+
+    edges = {float(rates[0]): "lowest", float(rates[-1]): "highest"} if len(rates) > 1 else {}
+    at_edge = [f"{n} ({edges[variants[n]['lr']]})" for n in swept if variants[n]["lr"] in edges]
+    return ["", "Validation loss at the end of each sweep run (the chosen rate in bold):", "",
+            "| variant | " + " | ".join(f"lr {r}" for r in rates) + " |", "|---|" + "---|" * len(rates)] + [
+        f"| {n} | " + " | ".join(cell(sweep.get(r), float(r) == variants[n]["lr"]) for r in rates) + " |"
+        for n, sweep in swept.items()] + ([
+            "", "Chosen at an end of the swept rates, so that a better rate may lie beyond it: "
+            + ", ".join(at_edge) + "."] if at_edge else [])
 
 
 def peak_reading(variants: dict) -> list[str]:
