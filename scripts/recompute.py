@@ -8,9 +8,10 @@ method written in results/coverage.md. It prints each disagreement and exits 1 i
 
     .venv/bin/python scripts/recompute.py results/study-cpu
 
-A from-scratch grid (`preproj scaling`, a scaling study) writes its vision comparisons in another layout, one entry
-per size, variant and metric, each in one family of its plan; it is read as the same list of paired entries
-(`as_compare_layout`) and checked the same way:
+A from-scratch grid (`preproj scaling`, a scaling study) writes its comparisons in another layout, one entry per size,
+variant and metric, each in one family of its plan; it is read as the same list of paired entries
+(`as_compare_layout`) and checked the same way, a vision grid's from its item files, a text grid's from the seeds'
+test losses in results.json:
 
     .venv/bin/python scripts/recompute.py results/vision-mnist
 """
@@ -121,6 +122,16 @@ def compare(ref: list[np.ndarray], new: list[np.ndarray], metric: str, seed_pair
     return {"effect": effect, "low": effect - q * se, "high": effect + q * se, "p": p, "parts": parts}
 
 
+def seed_t(ref: list[float], new: list[float]) -> dict:
+    """compare() for runs scored by one number each, paired by seed: the t interval over the seeds' differences (no
+    item term; its seed term carries n-1 degrees of freedom, so every rule builds the same interval)."""
+    d = np.asarray(new, dtype=float) - np.asarray(ref, dtype=float)
+    effect, se, df = d.mean(), d.std(ddof=1) / math.sqrt(len(d)), len(d) - 1.0
+    half = stats.t.ppf(0.975, df) * se
+    p = 2 * stats.t.sf(abs(effect) / se, df) if se > 0 else math.nan
+    return {"effect": effect, "low": effect - half, "high": effect + half, "p": p, "parts": (0.0, 1.0, [(se * se, df)])}
+
+
 def _half_widths(parts):
     """The separate-quantiles half-width of the two-sided level-c interval (upper-tail quantiles: exact for tiny c)."""
     var_items, df_items, terms = parts
@@ -222,6 +233,11 @@ def recomputed(out: Path, report: dict, rule: str) -> list[dict]:
             for m, row in report["methods"].items()}
     mine = []
     for entry in report["paired"]:
+        if "losses" in report["methods"][entry["method"]]:  # a text grid: one loss per seed, no item files
+            mine.append({**seed_t(report["methods"][entry["reference"]]["losses"],
+                                  report["methods"][entry["method"]]["losses"]),
+                         "higher": entry["higher_is_better"], "family": None})
+            continue
         task, metric = entry["metric"].split(".")
         a = [load(out / dirs[entry["reference"]][s], task, metric) for s in sorted(seeds[entry["reference"]])]
         b = [load(out / dirs[entry["method"]][s], task, metric) for s in sorted(seeds[entry["method"]])]
@@ -299,9 +315,12 @@ def as_compare_layout(out: Path, results: dict) -> dict:
     methods = {}
     for size, entry in results["sizes"].items():
         for variant, row in entry["variants"].items():
-            if "items" in row:  # a text grid compares seeds' losses, not per-item files
+            if "items" in row:
                 methods[f"{size} {variant}"] = {"seeds": list(range(len(row["items"]))), "run_dirs": [
                     str(Path(d).relative_to(recorded)) if not Path(d).is_absolute() else d for d in row["items"]]}
+            else:  # a text grid compares the seeds' test losses (validation, for a text without a test split)
+                losses = row["test_loss"] or row["validation_loss"]
+                methods[f"{size} {variant}"] = {"seeds": list(range(len(losses))), "losses": losses}
     paired = [{**e, "method": f"{e['size']} {e['method']}", "reference": f"{e['size']} {e['reference']}"}
               for e in results["comparisons"] if f"{e['size']} {e['method']}" in methods]
     families = [{"name": f["name"], "correction": f["correction"], "members": [
@@ -347,7 +366,9 @@ def main(argv: list[str]) -> int:
             problems += 1
             print(f"{name}: fragile {entry.get('fragile')} in results.json; recomputed {m['verdict']} under {rule}, "
                   f"{other['verdict']} under {twin_of(rule)}")
-    print(f"{len(own)} paired entries recomputed from the per-item files in {out} (rule: {rule}; fragile against "
+    source = "the per-item files" if any("losses" not in m for m in report["methods"].values()) else \
+        "the seeds' losses in results.json"
+    print(f"{len(own)} paired entries recomputed from {source} in {out} (rule: {rule}; fragile against "
           f"{twin_of(rule)}): " + ("all agree" if not problems else f"{problems} disagreement(s)"))
     return 1 if problems else 0
 

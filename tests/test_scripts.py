@@ -238,6 +238,26 @@ def test_recompute_checks_a_vision_grid_from_its_item_files_and_catches_a_change
     assert "4x128 skip - 4x128 base@params mnist.loss: effect" in capsys.readouterr().out
 
 
+def test_recompute_checks_a_text_grid_from_its_seeds_losses(tmp_path, capsys):
+    """A text grid compares one test loss per seed (a t interval over the seeds' differences): recompute.py finds
+    every effect, interval, p, Holm adjustment and detectable effect from results.json's losses, and a changed loss."""
+    from preproj.experiments.scaling_compare import default_plan, paired_by_plan
+
+    losses = {"preproj+skip": [5.10, 5.14, 5.09], "base@params": [5.21, 5.22, 5.24], "skip": [5.12, 5.19, 5.11]}
+    variants = {v: {"test_loss": x, "validation_loss": [y + 0.1 for y in x]} for v, x in losses.items()}
+    sizes = {"2x96": {"variants": variants, "paired": {}}}
+    plan = default_plan(list(variants))
+    results = {"args": {"out": str(tmp_path)}, "plan": plan, "sizes": sizes, "comparisons": paired_by_plan(sizes, plan)}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    recompute = _load("recompute")
+    assert recompute.main([str(tmp_path)]) == 0
+    assert "3 paired entries recomputed from the seeds' losses in results.json" in capsys.readouterr().out
+    results["sizes"]["2x96"]["variants"]["skip"]["test_loss"][1] = 5.29
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    assert recompute.main([str(tmp_path)]) == 1
+    assert "2x96 skip - 2x96 preproj+skip 2x96 test loss: effect" in capsys.readouterr().out
+
+
 def test_a_packed_study_recomputes_and_pairs_as_the_plain_one(tmp_path, capsys):
     """pack_results turns per-item files into FILE.jsonl.xz; preproj's readers and recompute.py read them as before."""
     from preproj.analysis.pairing import paired_comparisons
