@@ -15,13 +15,17 @@ from preproj.training.probes import uniform_first_token_attention
 CORPUS = ["the cat sat on the mat and the dog ate the bone while the bird sang a song. " * 2] * 200
 
 
-def test_grid_runs_reports_and_resumes_without_retraining(tmp_path, monkeypatch):
+def test_grid_runs_reports_and_resumes_without_retraining(tmp_path, monkeypatch, caplog):
     text = tmp_path / "text.txt"
     text.write_text("\n".join(CORPUS))
     args = ScalingArgs(out=str(tmp_path / "grid"), sizes="1x32", variants="preproj+skip,base@params,base@flops,skip",
                        seeds=2, tokens=8 * 32 * 6, data=str(text), tokenizer="train:300", seq_len=32, batch_size=8,
                        warmup=2, eval_every=3, device="cpu", precision="fp32", timing_rounds=1)
-    results = run_scaling(args, progress=False)
+    with caplog.at_level("INFO", logger="preproj"):
+        results = run_scaling(args, progress=False)
+    # the log counts the runs the grid trains: base@flops shares base@params's, so 3 variants x 2 seeds
+    assert re.findall(r"\[scaling\] (run \d+ of \d+): \S+/(\S+)/seed\d \(lr [\d.e-]+, 1,536 tokens\)", caplog.text) == [
+        (f"run {i} of 6", v) for i, v in enumerate(["preproj+skip"] * 2 + ["base@params"] * 2 + ["skip"] * 2, 1)]
     entry = results["sizes"]["1x32"]
     assert set(entry["variants"]) == {"preproj+skip", "base@params", "base@flops", "skip"}
     params = {v: x["params"] for v, x in entry["variants"].items()}

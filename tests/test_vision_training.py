@@ -231,7 +231,7 @@ families = [{{ name = "against the plain model", correction = "holm", reference 
 
 
 @pytest.mark.integration
-def test_a_diverged_sweep_point_loses_the_sweep_and_is_not_retried(data, tmp_path, monkeypatch):
+def test_a_diverged_sweep_point_loses_the_sweep_and_is_not_retried(data, tmp_path, monkeypatch, caplog):
     from preproj.experiments import scaling
     from preproj.training import TrainingDiverged
 
@@ -248,7 +248,9 @@ def test_a_diverged_sweep_point_loses_the_sweep_and_is_not_retried(data, tmp_pat
                                variants="preproj+skip", seeds=1, lrs="3e-3,1", sweep_tokens=16 * 32 * 4, epochs=1,
                                patch_size=7, batch_size=32, warmup=2, eval_every=8, precision="fp32", compile=False,
                                device="cpu")
-    results = scaling.run_scaling(grid, progress=False)
+    with caplog.at_level("INFO", logger="preproj"):
+        results = scaling.run_scaling(grid, progress=False)
+    assert "run 3 of 3: " in caplog.text and "preproj+skip/seed0 (lr 0.003, 1 epoch(s)) ..." in caplog.text
     variant = results["sizes"]["1x64"]["variants"]["preproj+skip"]
     assert variant["lr"] == 3e-3 and variant["sweep"]["1"] == [None] and variant["sweep"]["0.003"][0] > 0
     assert (tmp_path / "grid" / "1x64" / "sweep" / "preproj+skip@1" / "seed0" / "diverged.json").is_file()

@@ -8,6 +8,7 @@ same shape, `base@params` or `base@flops` (its MLP widened until the count agree
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -143,13 +144,23 @@ def analysis_plan(out: Path, variants: list[str]) -> dict:
     return json.loads(path.read_text())
 
 
-def _run(r: PretrainArgs, progress: bool, study: dict | None = None, sweep: bool = False) -> dict:
+def _shares_runs_with(key: str, variant: str, variants: list[str], shapes: dict) -> str | None:
+    """The earlier plain variant of the same shape whose runs `variant` shares (base@flops at base@params's width)."""
+    if not variant.startswith("base"):
+        return None
+    earlier = variants[:variants.index(variant)]
+    return next((v for v in earlier if v.startswith("base") and shapes[key, v] == shapes[key, variant]), None)
+
+
+def _run(r: PretrainArgs, progress: bool, study: dict | None = None, sweep: bool = False, count: str = "") -> dict:
     """The run's summary: read where it finished, else trained (resuming from its checkpoint). A study's run keeps
     the study file's record in its summary's provenance. A sweep point that diverges counts as an infinite
-    validation loss (the rate is not chosen), and diverged.json keeps why, so that a resumed sweep does not retry it."""
+    validation loss (the rate is not chosen), and diverged.json keeps why, so that a resumed sweep does not retry it.
+    `count`: where the run stands in the grid ("run 13 of 48"), for the log."""
     summary = _finished(Path(r.out))
     if summary is None:
-        logger.info(f"[scaling] {r.out} (lr {r.lr:g}, {r.tokens:,} tokens) ...")
+        budget = f"{r.epochs:g} epoch(s)" if r.epochs else f"{r.tokens:,} tokens"
+        logger.info(f"[scaling] {count + ': ' if count else ''}{r.out} (lr {r.lr:g}, {budget}) ...")
         try:
             summary, _ = pretrain(r, progress=progress)
         except TrainingDiverged as e:
@@ -241,29 +252,29 @@ def run_scaling(args: ScalingArgs, progress: bool = True, study: dict | None = N
     tokenizer = AutoTokenizer.from_pretrained(out / "tokenizer") if text else None
 
     # --- fit: per variant its sweep (when asked) and its runs, skipping finished ones and resuming the rest ---
-    runs, shapes, sweeps = {}, {}, {}
+    shapes = {(f"{size[0]}x{size[1]}", variant): shape_of(run_args(args, size, variant, 0), len(tokenizer)) if text
+              else vision_shape(run_args(args, size, variant, 0)) for size in sizes for variant in variants}
+    shared = {(key, variant): _shares_runs_with(key, variant, variants, shapes) for key, variant in shapes}
+    total = sum(same is None for same in shared.values()) * (len(rates) * args.sweep_seeds + args.seeds)
+    count = (f"run {i} of {total}" for i in itertools.count(1))
+    runs, sweeps = {}, {}
     for size in sizes:
         key = f"{size[0]}x{size[1]}"
         for variant in variants:
-            shape = shape_of(run_args(args, size, variant, 0), len(tokenizer)) if text \
-                else vision_shape(run_args(args, size, variant, 0))
-            plain = variant.startswith("base")
-            same = next((v for v in variants if plain and v.startswith("base") and v != variant and (key, v) in shapes
-                         and shapes[key, v] == shape), None)
-            shapes[key, variant] = shape
+            same = shared[key, variant]
             if same is not None:
                 logger.info(f"[scaling] {key} {variant} is the same model as {same} (same width); its runs are shared")
                 runs[key, variant], sweeps[key, variant] = runs[key, same], sweeps.get((key, same))
                 continue
             lr = args.lr
             if rates:
-                swept = {r: [_run(run_args(args, size, variant, seed, r, sweep=True), progress, study, sweep=True)
-                             for seed in range(args.sweep_seeds)] for r in rates}
+                swept = {r: [_run(run_args(args, size, variant, seed, r, sweep=True), progress, study, sweep=True,
+                                  count=next(count)) for seed in range(args.sweep_seeds)] for r in rates}
                 lr = min(rates, key=lambda r: statistics.mean(s["loss"]["validation"] for s in swept[r]))
                 sweeps[key, variant] = {f"{r:g}": [s["loss"]["validation"] if "diverged" not in s else None
                                                    for s in runs_at] for r, runs_at in swept.items()}  # None: diverged
                 logger.info(f"[scaling] {key} {variant}: lr {lr:g} (sweep: {sweeps[key, variant]})")
-            runs[key, variant] = [_run(run_args(args, size, variant, seed, lr), progress, study)
+            runs[key, variant] = [_run(run_args(args, size, variant, seed, lr), progress, study, count=next(count))
                                   for seed in range(args.seeds)]
             _write_results(out, args, runs, shapes, {}, start, sweeps, plan)
 
