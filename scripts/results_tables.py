@@ -112,6 +112,35 @@ def scaling_tables(out: Path) -> str:
     return "### " + body.replace("\n## ", "\n### ").strip()
 
 
+def runs_table(*outs: Path) -> str:
+    """Where a from-scratch study's finished runs were made, per study: the commits, and how many runs each CPU kind
+    began (train_config.json) and finished (summary.json); bf16 products round differently on different kinds."""
+    def kind(provenance: dict | None) -> str:
+        if not provenance or "isa" not in provenance:
+            return "not recorded"
+        flags = [f for f in provenance["isa"] if "bf16" in f]
+        return f"{provenance['cpu']} ({', '.join(flags) or 'no native bf16'})"
+
+    def counted(found: dict) -> str:
+        return "; ".join(f"{k}: {n}" for k, n in sorted(found.items()))
+
+    rows = ["| study | runs | commit | began on | finished on |", "|---|---|---|---|---|"]
+    for out in outs:
+        commits, began, finished, runs = {}, {}, {}, 0
+        for path in sorted(out.rglob("summary.json")):
+            summary = json.loads(path.read_text())
+            if "loss" not in summary:  # training's own summary: the run has not been scored
+                continue
+            runs += 1
+            first = json.loads((path.parent / "train_config.json").read_text()).get("provenance")
+            made = summary.get("provenance", {})
+            for found, key in ((commits, made.get("git_commit", "")[:12] or "not recorded"), (began, kind(first)),
+                               (finished, kind(made))):
+                found[key] = found.get(key, 0) + 1
+        rows.append(f"| {out.name} | {runs} | {counted(commits)} | {counted(began)} | {counted(finished)} |")
+    return "\n".join(rows)
+
+
 def bf16_table(out: Path) -> str:
     """The bf16 question from its runs' files: erased updates and held-out loss per precision (summary.json), the
     paper protocol's perplexity, and each precision against the base and fp32 masters against pure bf16, paired
@@ -288,6 +317,8 @@ BLOCKS = {  # page -> {block name: what writes it}
     "docs/results/scaling.md": {"scaling-tables": lambda: scaling_tables(ROOT / "results" / "scaling-cpu")},
     "docs/results/variants.md": {"variants-tables": lambda: scaling_tables(ROOT / "results" / "variants-cpu")},
     "docs/results/bf16-question.md": {"bf16-table": lambda: bf16_table(ROOT / "results" / "bf16-question")},
+    "docs/results/vision.md": {"vision-runs": lambda: runs_table(*(ROOT / "results" / f"vision-{task}" for task in (
+        "mnist", "moving-mnist", "moving-mnist-direction")))},
     "docs/results/comparison.md": {"comparison-table": lambda: comparison_table(ROOT / "results" / "compare-cpu")},
     "docs/results/confirmatory.md": {
         "confirmatory-question": lambda: question_table(ROOT / "results" / "confirmatory"),

@@ -115,6 +115,22 @@ def test_a_sweep_table_is_current_while_the_sweep_runs(tmp_path):
     assert rows[2] == "| preproj+skip | 2.9800 (2.9700) | 3.0500 | 1e-05 |"  # the chosen rates' order
 
 
+def test_the_runs_table_counts_each_finished_run_by_the_cpu_that_began_and_the_one_that_finished_it(tmp_path):
+    xeon = {"cpu": "Intel Xeon", "isa": ["avx512f", "amx_bf16", "avx512_bf16"], "git_commit": "ef7293c758e45e80"}
+    epyc = {"cpu": "AMD EPYC", "isa": ["avx2", "avx512f", "avx512_bf16"], "git_commit": "ef7293c758e45e80"}
+    for run, began, summary in (("a/seed0", xeon, {"loss": {}, "provenance": xeon}),
+                                ("a/seed1", xeon, {"loss": {}, "provenance": epyc}),  # resumed on the EPYC
+                                ("b/seed0", epyc, {"loss": {}, "provenance": epyc}),
+                                ("b/seed1", epyc, {"steps": 3, "provenance": epyc})):  # trained, not scored yet
+        (tmp_path / "study" / run).mkdir(parents=True)
+        (tmp_path / "study" / run / "train_config.json").write_text(json.dumps({"provenance": began}))
+        (tmp_path / "study" / run / "summary.json").write_text(json.dumps(summary))
+    rows = _results_tables().runs_table(tmp_path / "study").splitlines()
+    assert rows[2] == ("| study | 3 | ef7293c758e4: 3 "
+                       "| AMD EPYC (avx512_bf16): 1; Intel Xeon (amx_bf16, avx512_bf16): 2 "
+                       "| AMD EPYC (avx512_bf16): 2; Intel Xeon (amx_bf16, avx512_bf16): 1 |")
+
+
 def test_the_package_metadata_reads_without_a_setuptools_warning():
     """pyproject.toml as setuptools reads it when installing, every warning an error (a licence given as a TOML table
     is deprecated; an SPDX expression is the form)."""
