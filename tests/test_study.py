@@ -245,6 +245,23 @@ def test_a_scaling_run_still_being_scored_is_not_counted_as_made_under_no_plan(t
     assert runs_older_than_plan(study) == ["4x8/elsewhere/seed0: made under no study file"]
 
 
+def test_resuming_a_study_on_other_code_than_its_runs_warns_and_says_how_to_finish_on_theirs(tmp_path):
+    from preproj.experiments.study import mixed_code
+
+    study = load_study(_write(tmp_path / "s.toml", f"runner = 'scaling'\nout = '{tmp_path / 'out'}'\n"))
+    made = {"git_commit": "ef7293c758e45e80", "git_dirty": False}
+    for run, summary in (("a", {"loss": {}, "provenance": made}), ("b", {"loss": {}, "provenance": made}),
+                         ("c", {"provenance": {"git_commit": "1234567"}})):  # c is still being scored: not counted
+        (tmp_path / "out" / "4x8" / run / "seed0").mkdir(parents=True)
+        _write(tmp_path / "out" / "4x8" / run / "seed0" / "summary.json", json.dumps(summary))
+    assert mixed_code(study, made) is None
+    warning = mixed_code(study, {"git_commit": "3e81911aaaa", "git_dirty": True})
+    assert warning.startswith(f"2 finished run(s) in {tmp_path / 'out'} were made by other code (ef7293c: 2) than "
+                              "this process runs (3e81911 (modified))")
+    assert "git worktree add --detach ../study-code ef7293c, then PYTHONPATH=../study-code/src" in warning
+    assert mixed_code(study, {**made, "git_dirty": True}).startswith("2 finished run(s)")  # uncommitted code too
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "studies").glob("*.toml")), ids=lambda p: p.stem)
 def test_every_committed_study_loads_and_its_runs_were_made_under_its_plan(path):
     """A declared study's every run must name this file as committed and come after the commit that declared it:

@@ -20,16 +20,20 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import subprocess
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..runtime.files import write_json
+from ..runtime.provenance import provenance
 from ..training import TrainArgs
 from .arms import named_arm
 from .compare_args import PRESETS, CompareArgs
 from .scaling import ScalingArgs, scored
+
+logger = logging.getLogger(__name__)
 
 STUDY_KEYS = {"name": "a short name, used in messages", "about": "what the study asks, one paragraph",
               "declared": "true: the plan was committed before any run; runs refuse to start from a file that is not "
@@ -265,19 +269,48 @@ def write_plan(study: Study) -> None:
         write_json(path, plan)
 
 
-def runs_older_than_plan(study: Study) -> list[str]:
-    """Runs in OUT that were not made under this file as committed: no record of it, another version of it, or a
-    result recorded before the commit that declared it. Empty for a study whose every run followed its plan."""
-    record = study.record()
-    problems = []
-    out = Path(study.args.out)  # a compare run's result.json, or a scaling run's summary.json, holds its provenance
+def _finished_runs(study: Study):
+    """(run directory relative to OUT, its result) for every finished run: a compare run's result.json, or a scaling
+    run's summary.json once scored; both hold the run's provenance."""
+    out = Path(study.args.out)
     found = out.glob("*/result.json") if isinstance(study.args, CompareArgs) else out.rglob("summary.json")
     for result in sorted(found):
         run = json.loads(result.read_text())
         if result.name == "summary.json" and not scored(run):  # the run is still being scored
             continue
+        yield result.parent.relative_to(out), run
+
+
+def mixed_code(study: Study, current: dict) -> str | None:
+    """A warning where the study's finished runs were made by other code than `current` (provenance's git_commit and
+    git_dirty): the runs still to come would mix code versions, and what to run to finish on the runs' own."""
+    def version(record: dict) -> str:
+        commit = record.get("git_commit")
+        return f"{commit[:7]}{' (modified)' if record.get('git_dirty') else ''}" if commit else "no recorded commit"
+
+    made = {}
+    for _, run in _finished_runs(study):
+        key = version(run.get("provenance") or {})
+        made[key] = made.get(key, 0) + 1
+    here = version(current)
+    others = {k: n for k, n in made.items() if k != here}
+    if not others:
+        return None
+    first = max(others, key=others.get)
+    return (f"{sum(others.values())} finished run(s) in {study.args.out} were made by other code ("
+            + ", ".join(f"{k}: {n}" for k, n in others.items()) + f") than this process runs ({here}), so the runs "
+            f"still to come would mix code versions. To finish on the runs' own version: git worktree add --detach "
+            f"../study-code {first.split()[0]}, then PYTHONPATH=../study-code/src python -m preproj study run "
+            f"{study.path}.")
+
+
+def runs_older_than_plan(study: Study) -> list[str]:
+    """Runs in OUT that were not made under this file as committed: no record of it, another version of it, or a
+    result recorded before the commit that declared it. Empty for a study whose every run followed its plan."""
+    record = study.record()
+    problems = []
+    for where, run in _finished_runs(study):
         made = (run.get("provenance") or {}).get("study") or {}
-        where = result.parent.relative_to(out)
         if made.get("sha256") != study.sha256:
             problems.append(f"{where}: made under " + (f"another version of {study.path} (sha256 "
                             f"{made['sha256'][:12]})" if made.get("sha256") else "no study file"))
@@ -303,6 +336,9 @@ def run_study(path: str | Path, *, report_only: bool = False, progress: bool = T
         check_declared(study)
         check_kernels(study)
         write_plan(study)
+        warning = mixed_code(study, provenance())
+        if warning:
+            logger.warning(f"[study] {warning}")
     args = dataclasses.replace(study.args, report_only=report_only)
     if isinstance(args, ScalingArgs):
         from .scaling import run_scaling
