@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 from preproj.analysis.pairing import plan_alpha
@@ -121,23 +122,21 @@ def runs_table(*outs: Path) -> str:
         flags = [f for f in provenance["isa"] if "bf16" in f]
         return f"{provenance['cpu']} ({', '.join(flags) or 'no native bf16'})"
 
-    def counted(found: dict) -> str:
+    def counted(found: Counter) -> str:
         return "; ".join(f"{k}: {n}" for k, n in sorted(found.items()))
 
     rows = ["| study | runs | commit | began on | finished on |", "|---|---|---|---|---|"]
     for out in outs:
-        commits, began, finished, runs = {}, {}, {}, 0
+        commits, began, finished = Counter(), Counter(), Counter()
         for path in sorted(out.rglob("summary.json")):
             summary = json.loads(path.read_text())
             if "loss" not in summary:  # training's own summary: the run has not been scored
                 continue
-            runs += 1
-            first = json.loads((path.parent / "train_config.json").read_text()).get("provenance")
             made = summary.get("provenance", {})
-            for found, key in ((commits, made.get("git_commit", "")[:12] or "not recorded"), (began, kind(first)),
-                               (finished, kind(made))):
-                found[key] = found.get(key, 0) + 1
-        rows.append(f"| {out.name} | {runs} | {counted(commits)} | {counted(began)} | {counted(finished)} |")
+            commits[made.get("git_commit", "")[:12] or "not recorded"] += 1
+            began[kind(json.loads((path.parent / "train_config.json").read_text()).get("provenance"))] += 1
+            finished[kind(made)] += 1
+        rows.append(f"| {out.name} | {commits.total()} | {counted(commits)} | {counted(began)} | {counted(finished)} |")
     return "\n".join(rows)
 
 

@@ -47,21 +47,20 @@ def paired_by_plan(sizes: dict, plan: dict) -> list[dict]:
                 pair = (key, frozenset((variant, reference)))
                 if variant == reference or reference not in entry["variants"] or pair in compared:
                     continue
-                a, b = entry["variants"][reference], entry["variants"][variant]
-                found_pair = _compared(a, b, key, rule)
-                if found_pair:
+                for p, twin in _compared(entry["variants"][reference], entry["variants"][variant], key,
+                                         (rule, other_convention(rule))):
                     compared.add(pair)
-                members += [{"method": variant, "reference": reference, "size": key, **p.to_dict(),
-                             "raw_verdict": p.verdict} for p in found_pair]
-                twins += [{"method": variant, "reference": reference, **p.to_dict(), "raw_verdict": p.verdict}
-                          for p in _compared(a, b, key, other_convention(rule))]
-                measured += found_pair
+                    members.append({"method": variant, "reference": reference, "size": key, **p.to_dict(),
+                                    "raw_verdict": p.verdict})
+                    twins.append({"method": variant, "reference": reference, **twin.to_dict(),
+                                  "raw_verdict": twin.verdict})
+                    measured.append(p)
         alone = {"alpha": alpha, "families": [
             {"name": family["name"], "correction": family["correction"], "members": "all"}]}
         correct(members, alone, measured)
         correct(twins, alone)
         for m, twin in zip(members, twins, strict=True):  # a call the other convention would not make is fragile
-            m["fragile"] = "items" in sizes[m["size"]]["variants"][m["method"]] and m["verdict"] != twin["verdict"]
+            m["fragile"] = m["verdict"] != twin["verdict"]
         for m in members:
             if "items" in sizes[m["size"]]["variants"][m["method"]]:  # vision: one entry per metric
                 m["text"] = describe_entry(m, alpha)
@@ -73,21 +72,22 @@ def paired_by_plan(sizes: dict, plan: dict) -> list[dict]:
     return found
 
 
-def _compared(reference: dict, variant: dict, size: str, rule: str) -> list:
-    """The paired differences of `variant` against `reference` (none until both have every seed); per-item ones under
-    the interval `rule`."""
+def _compared(reference: dict, variant: dict, size: str, rules: tuple[str, ...]) -> list[tuple]:
+    """The paired differences of `variant` against `reference` (none until both have every seed), one tuple per
+    metric with the difference under each of the interval `rules`. A text grid's seed-paired t takes no rule: the
+    same difference stands under every one."""
     if "items" in variant:
-        return _item_paired(reference, variant, rule)
+        return _item_paired(reference, variant, rules)
     split = "test" if variant["test_loss"] else "validation"  # text files have no separate test text
     a, b = reference[f"{split}_loss"], variant[f"{split}_loss"]
     if not a or len(a) != len(b):
         return []
-    return [paired_t(a, b, metric=f"{size} {split} loss", higher_is_better=False)]
+    return [(paired_t(a, b, metric=f"{size} {split} loss", higher_is_better=False),) * len(rules)]
 
 
-def _item_paired(reference: dict, variant: dict, rule: str) -> list:
+def _item_paired(reference: dict, variant: dict, rules: tuple[str, ...]) -> list[tuple]:
     """Over the test items and the seeds (seed i: the same initialisation and data order for both), each metric the
-    per-item files hold."""
+    per-item files hold, read once and compared under each rule."""
     task = variant["task"]
     files = [[Path(d) / f"items.{task}.jsonl" for d in side["items"]] for side in (reference, variant)]
     if not files[0] or len(files[0]) != len(files[1]):
@@ -99,6 +99,7 @@ def _item_paired(reference: dict, variant: dict, rule: str) -> list:
         except KeyError:  # next-frame prediction scores no accuracy
             continue
         if a is not None and b is not None and a.shape == b.shape:
-            found.append(paired_difference(a, b, STATISTICS["accuracy"], metric=f"{task}.{field}",
-                                           higher_is_better=higher, seed_paired=len(a) > 1, rule=rule))
+            found.append(tuple(paired_difference(a, b, STATISTICS["accuracy"], metric=f"{task}.{field}",
+                                                 higher_is_better=higher, seed_paired=len(a) > 1, rule=rule)
+                               for rule in rules))
     return found

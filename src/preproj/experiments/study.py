@@ -23,6 +23,7 @@ import json
 import logging
 import subprocess
 import tomllib
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -284,24 +285,23 @@ def _finished_runs(study: Study):
 def mixed_code(study: Study, current: dict) -> str | None:
     """A warning where the study's finished runs were made by other code than `current` (provenance's git_commit and
     git_dirty): the runs still to come would mix code versions, and what to run to finish on the runs' own."""
-    def version(record: dict) -> str:
-        commit = record.get("git_commit")
-        return f"{commit[:7]}{' (modified)' if record.get('git_dirty') else ''}" if commit else "no recorded commit"
+    def version(record: dict) -> tuple[str | None, bool]:
+        return record.get("git_commit"), bool(record.get("git_dirty"))
 
-    made = {}
-    for _, run in _finished_runs(study):
-        key = version(run.get("provenance") or {})
-        made[key] = made.get(key, 0) + 1
+    def shown(commit: str | None, dirty: bool) -> str:
+        return f"{commit[:7]}{' (modified)' if dirty else ''}" if commit else "no recorded commit"
+
+    made = Counter(version(run.get("provenance") or {}) for _, run in _finished_runs(study))
     here = version(current)
-    others = {k: n for k, n in made.items() if k != here}
+    others = {v: n for v, n in made.items() if v != here}
     if not others:
         return None
-    first = max(others, key=others.get)
+    commit = max(others, key=others.get)[0]
+    recipe = (f" To finish on the runs' own version: git worktree add --detach ../study-code {commit[:7]}, then "
+              f"PYTHONPATH=../study-code/src python -m preproj study run {study.path}." if commit else "")
     return (f"{sum(others.values())} finished run(s) in {study.args.out} were made by other code ("
-            + ", ".join(f"{k}: {n}" for k, n in others.items()) + f") than this process runs ({here}), so the runs "
-            f"still to come would mix code versions. To finish on the runs' own version: git worktree add --detach "
-            f"../study-code {first.split()[0]}, then PYTHONPATH=../study-code/src python -m preproj study run "
-            f"{study.path}.")
+            + ", ".join(f"{shown(*v)}: {n}" for v, n in others.items()) + f") than this process runs "
+            f"({shown(*here)}), so the runs still to come would mix code versions." + recipe)
 
 
 def runs_older_than_plan(study: Study) -> list[str]:
