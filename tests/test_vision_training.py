@@ -311,13 +311,18 @@ def test_the_attention_each_position_receives_is_mapped_onto_its_grid_and_drawn(
                    "skip_norms": [[0.1] * len(received[0])] * 2, "attention_distance": [[1.0] * len(received[0])] * 2,
                    "uniform_attention_distance": 1.5, "attention_received": received}
         results = {"args": {"task": task, "epochs": 1, "batch_size": 8, "lr": 1e-3, "precision": "fp32", "seeds": 2},
-                   "plan": {"families": []}, "sizes": {"1x64": {"variants": {"preproj+skip": variant}, "paired": {}}}}
+                   "plan": {"families": []},
+                   # base@flops at base@params's width shares its runs: read and drawn once, under the first name
+                   "sizes": {"1x64": {"variants": {"preproj+skip": variant, "base@flops": variant}, "paired": {}}}}
         out = tmp_path / task
         out.mkdir()
         plots(out, results)
         assert (out / "attention_received.png").stat().st_size > 0
         peaks = "0.50, 8.50" if task == "mnist" else "4.00"
-        assert f"position in attention_received.png): preproj+skip {peaks}." in vision_markdown(results)
+        text = vision_markdown(results)
+        assert f"position in attention_received.png): preproj+skip {peaks}." in text
+        assert "attention_distance.png): preproj+skip 1.00" in text
+        assert "base@flops" not in text.split("Mean attention")[1]
 
 
 @pytest.mark.parametrize("model_type", [ImageClassifier, ClipTransformer])

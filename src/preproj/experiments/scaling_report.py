@@ -92,7 +92,7 @@ def vision_markdown(results: dict) -> str:
                          + (f" {_mean_sd(v['test_accuracy'], digits=4)} | "
                             f"{_mean_sd(v['shuffled_test_accuracy'], digits=4)} |" if accuracy else ""))
         lines += sweep_lines(variants)
-        distances = {variant: _layer_means(v.get("attention_distance")) for variant, v in variants.items()}
+        distances = {n: _layer_means(variants[n].get("attention_distance")) for n in distinct(variants)}
         if any(distances.values()):
             even = next(iter(variants.values()))["uniform_attention_distance"]
             lines += ["", "Mean attention distance by layer, in tokens (over heads, queries, "
@@ -225,7 +225,8 @@ def plots(out: Path, results: dict) -> None:
                        ("loss_vs_flops", lambda t, v: t * v["train_flops_per_token"])):
         fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4), squeeze=False)
         for ax, (key, entry) in zip(axes[0], sizes):
-            for variant, v in entry["variants"].items():
+            for variant in distinct(entry["variants"]):
+                v = entry["variants"][variant]
                 curves = [c for c in v["curves"] if c]
                 if not curves:
                     continue
@@ -319,8 +320,8 @@ def _by_layer(plt, path: Path, sizes: list, field: str, ylabel: str, even: float
     as a dashed reference line."""
     fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4), squeeze=False)
     for ax, (key, entry) in zip(axes[0], sizes):
-        for variant, v in entry["variants"].items():
-            means = _layer_means(v.get(field))
+        for variant in distinct(entry["variants"]):
+            means = _layer_means(entry["variants"][variant].get(field))
             if means:
                 ax.plot(range(len(means)), means, marker="o", label=variant)
         if even is not None:
