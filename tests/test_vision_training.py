@@ -322,6 +322,8 @@ def test_the_attention_each_position_receives_is_mapped_onto_its_grid_and_drawn(
         text = vision_markdown(results)
         assert f"position in attention_received.png): preproj+skip {peaks}." in text
         assert "attention_distance.png): preproj+skip 1.00" in text
+        assert "norm by layer (mean over the seeds; skip_norms.png): preproj+skip " + ", ".join(
+            ["0.10"] * len(received[0])) + "." in text
         assert "base@flops" not in text.split("Mean attention")[1]
 
 

@@ -92,14 +92,13 @@ def vision_markdown(results: dict) -> str:
                          + (f" {_mean_sd(v['test_accuracy'], digits=4)} | "
                             f"{_mean_sd(v['shuffled_test_accuracy'], digits=4)} |" if accuracy else ""))
         lines += sweep_lines(variants)
-        distances = {n: _layer_means(variants[n].get("attention_distance")) for n in distinct(variants)}
-        if any(distances.values()):
+        lines += by_layer_line(variants, "skip_norms",
+                               "The skip's Frobenius norm by layer (mean over the seeds; skip_norms.png)")
+        if any(v.get("attention_distance") for v in variants.values()):
             even = next(iter(variants.values()))["uniform_attention_distance"]
-            lines += ["", "Mean attention distance by layer, in tokens (over heads, queries, "
-                          f"{ATTENTION_ITEMS} test items and the seeds; attention spread evenly gives {even:.2f}; "
-                          "attention_distance.png): "
-                      + "; ".join(f"{variant} " + ", ".join(f"{x:.2f}" for x in d)
-                                  for variant, d in distances.items() if d) + "."]
+            lines += by_layer_line(variants, "attention_distance", "Mean attention distance by layer, in tokens (over "
+                                   f"heads, queries, {ATTENTION_ITEMS} test items and the seeds; attention spread "
+                                   f"evenly gives {even:.2f}; attention_distance.png)")
         lines += peak_reading(variants)
         for family in plan["families"]:
             reference, rows = family["reference"], entry["paired"].get(family["reference"], {})
@@ -135,6 +134,14 @@ def sweep_lines(variants: dict) -> list[str]:
         for n, sweep in swept.items()] + ([
             "", "Chosen at an end of the swept rates, so that a better rate may lie beyond it: "
             + ", ".join(at_edge) + "."] if at_edge else [])
+
+
+def by_layer_line(variants: dict, field: str, said: str) -> list[str]:
+    """'said: variant x0, x1, ...; ...' from each variant's per-seed, per-layer `field` (mean over the seeds), once
+    per set of runs ([] where no variant has it)."""
+    means = {n: _layer_means(variants[n].get(field)) for n in distinct(variants)}
+    shown = [f"{n} " + ", ".join(f"{x:.2f}" for x in m) for n, m in means.items() if m]
+    return ["", f"{said}: " + "; ".join(shown) + "."] if shown else []
 
 
 def peak_reading(variants: dict) -> list[str]:
