@@ -316,8 +316,10 @@ BLOCKS = {  # page -> {block name: what writes it}
     "docs/results/scaling.md": {"scaling-tables": lambda: scaling_tables(ROOT / "results" / "scaling-cpu")},
     "docs/results/variants.md": {"variants-tables": lambda: scaling_tables(ROOT / "results" / "variants-cpu")},
     "docs/results/bf16-question.md": {"bf16-table": lambda: bf16_table(ROOT / "results" / "bf16-question")},
-    "docs/results/vision.md": {"vision-runs": lambda: runs_table(*(ROOT / "results" / f"vision-{task}" for task in (
-        "mnist", "moving-mnist", "moving-mnist-direction")))},
+    "docs/results/vision.md": {
+        "vision-runs": lambda: runs_table(*(ROOT / "results" / f"vision-{task}" for task in (
+            "mnist", "moving-mnist", "moving-mnist-direction"))),
+        "vision-mnist-tables": lambda: scaling_tables(ROOT / "results" / "vision-mnist")},
     "docs/results/comparison.md": {"comparison-table": lambda: comparison_table(ROOT / "results" / "compare-cpu")},
     "docs/results/confirmatory.md": {
         "confirmatory-question": lambda: question_table(ROOT / "results" / "confirmatory"),
