@@ -61,11 +61,13 @@ def test_grid_runs_reports_and_resumes_without_retraining(tmp_path, monkeypatch,
 def test_the_sink_is_read_against_attention_spread_evenly():
     """Mean over seeds, per layer: only a layer above the even level is called a sink, and it is named."""
     even = uniform_first_token_attention(128)
-    below = {"first_token_attention": [[0.01, 0.02], [0.02, 0.03]]}
-    above = {"first_token_attention": [[0.01, 0.30], [0.02, 0.20], None]}  # a seed without the probe is skipped
+    below = {"first_token_attention": [[0.01, 0.02], [0.02, 0.03]], "validation_loss": [3.0, 3.1]}
+    above = {"first_token_attention": [[0.01, 0.30], [0.02, 0.20], None],  # a seed without the probe is skipped
+             "validation_loss": [2.9, 3.2, 3.3]}
     assert sink_reading({"variants": {"skip": below}}, even).endswith(
         "no layer of any run reaches it (0.010 to 0.030): no sink has formed.")
-    said = sink_reading({"variants": {"skip": below, "gate": above}}, even)
+    said = sink_reading({"variants": {"skip": below, "gate": above, "gate@again": above}}, even)
+    # a variant sharing another's runs (base@flops at base@params's width) is named once, under the first name
     assert said.endswith("above it (a sink), mean over seeds: gate layer 1 (0.250).")
 
 

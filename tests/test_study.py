@@ -260,7 +260,7 @@ def test_resuming_a_study_on_other_code_than_its_runs_warns_and_says_how_to_fini
                               "this process runs (3e81911 (modified))")
     assert "git worktree add --detach ../study-code ef7293c, then PYTHONPATH=../study-code/src" in warning
     assert mixed_code(study, {**made, "git_dirty": True}).startswith("2 finished run(s)")  # uncommitted code too
-    unrecorded = mixed_code(study, {})  # a process outside a checkout: no commit to name, so no recipe
+    unrecorded = mixed_code(study, {})  # a process outside a checkout: the runs' own commit still gives the recipe
     assert "(ef7293c: 2) than this process runs (no recorded commit)" in unrecorded and "worktree" in unrecorded
     (tmp_path / "out" / "4x8" / "c" / "seed0" / "summary.json").write_text(json.dumps({"loss": {}}))
     (tmp_path / "out" / "4x8" / "a" / "seed0" / "summary.json").write_text(json.dumps({"loss": {}}))

@@ -46,7 +46,8 @@ def report_markdown(results: dict) -> str:
             lines.append(f"| {variant} | {v['params'] / 1e6:.3f}M | {v['train_flops_per_token'] / 1e6:.2f}M | "
                          f"{v.get('lr') or a['lr']:g} | {v['seeds']} | {_mean_sd(v['validation_loss'], exp=True)} | "
                          f"{_mean_sd(v['test_loss'], exp=True)} | " + " | ".join(cells) + " |")
-        sinks = {variant: _mean_of_layers(v.get("first_token_attention")) for variant, v in entry["variants"].items()}
+        sinks = {n: _mean_of_layers(entry["variants"][n].get("first_token_attention"))
+                 for n in distinct(entry["variants"])}
         if any(x is not None for x in sinks.values()):
             lines += ["", "Attention on the first token of a window (mean over layers, heads, later queries, held-out "
                           "windows and seeds; by layer in sink.png): "
@@ -157,7 +158,7 @@ def peak_reading(variants: dict) -> list[str]:
 def sink_reading(entry: dict, even: float) -> str:
     """Where a sink has formed: the layers whose first-token attention (mean over seeds) exceeds the even level."""
     said = f"Attention spread evenly over the tokens each query sees would put {even:.3f} there"
-    probes = {variant: v.get("first_token_attention") for variant, v in entry["variants"].items()}
+    probes = {n: entry["variants"][n].get("first_token_attention") for n in distinct(entry["variants"])}
     above = [f"{variant} layer {layer} ({x:.3f})" for variant, per_seed in probes.items()
              for layer, x in enumerate(_layer_means(per_seed)) if x > even]
     if above:
