@@ -22,8 +22,9 @@ from preproj.core.config import MODES
 BLOCK_CHANGES = [("all-changes", "llama", "preproj+skip+gate-head+value-residual+pre-mlp", [1, 2]),
                  ("gate-after-norm", "gemma3_text", "skip+gate+value-residual", None)]
 
-# Runs where `import preproj` fails, so whatever loads is transformers' and the directory's own code.
-CHECK = r"""
+# A check script's opening: `import preproj` fails after it, so whatever loads is transformers' and the directory's
+# own code.
+WITHOUT_PREPROJ = r"""
 import json, sys, torch
 sys.modules["preproj"] = None
 try:
@@ -31,6 +32,8 @@ try:
     raise SystemExit("preproj was importable")
 except ImportError:
     pass
+"""
+CHECK = WITHOUT_PREPROJ + r"""
 from transformers import AutoModelForCausalLM
 
 results = {}
@@ -54,11 +57,12 @@ json.dump(results, open(sys.argv[2], "w"))
 """
 
 
-def run_without_preproj(tmp_path: Path, cases: list[dict]) -> dict:
+def run_without_preproj(tmp_path: Path, cases: list[dict], check: str = CHECK) -> dict:
+    """`check` (a script: cases.json in, results out) run where preproj cannot be imported."""
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "hf_modules"), "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": ""}
-    done = subprocess.run([sys.executable, "-c", CHECK, str(tmp_path / "cases.json"), str(tmp_path / "out.json")],
+    done = subprocess.run([sys.executable, "-c", check, str(tmp_path / "cases.json"), str(tmp_path / "out.json")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((tmp_path / "out.json").read_text())
@@ -163,14 +167,16 @@ def test_bf16_export_stores_and_loads_bf16_and_respects_a_requested_dtype(export
 def test_export_directory_holds_safetensors_config_code_and_card_only(exported):
     tmp, _, _ = exported
     files = {p.name for p in (tmp / "gemma3_text").iterdir()}
-    assert files == {"model.safetensors", "config.json", "modeling_preproj.py", "generation_config.json", "README.md"}
+    assert files == {"model.safetensors", "config.json", "modeling_preproj.py", "preproj_modules.py",
+                     "generation_config.json", "README.md"}
     config = json.loads((tmp / "gemma3_text" / "config.json").read_text())
     assert config["model_type"] == "preproj_gemma3_text"
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_preproj.PreProjForCausalLM"
     assert config["preproj"]["skip_after"] == "post_attention_layernorm"
     modeling = (tmp / "gemma3_text" / "modeling_preproj.py").read_text()
     assert "import Gemma3ForCausalLM as BaseForCausalLM" in modeling
-    assert imported_packages(modeling) == {"__future__", "torch", "transformers"}
+    assert imported_packages(modeling) == {"__future__", "transformers", ".preproj_modules"}
+    assert imported_packages((tmp / "gemma3_text" / "preproj_modules.py").read_text()) == {"__future__", "torch"}
 
 
 def test_export_is_readable_as_a_plain_directory_under_the_umask(tmp_path):
@@ -185,11 +191,16 @@ def test_export_is_readable_as_a_plain_directory_under_the_umask(tmp_path):
 
 
 def imported_packages(source: str) -> set[str]:
+    """The top-level packages `source` imports; a relative import as .module."""
     import ast
 
-    nodes = [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.Import, ast.ImportFrom))]
-    return {(n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0] for n in nodes
-            for a in (n.names if isinstance(n, ast.Import) else [n])}
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            found.add("." + node.module if node.level else node.module.split(".")[0])
+    return found
 
 
 def test_export_refuses_a_model_without_an_adapter_and_a_used_directory(tmp_path):

@@ -339,11 +339,11 @@ def test_inspect_shows_where_the_modules_sit_in_a_vision_run_and_text_commands_r
     said = capsys.readouterr().out
     assert "encoder.transformer.layers.1.attention encoder.transformer.layers.1.attention_norm" in said
     assert "no K/V cache" in said and "(pixtral family)" in said
-    for command in (["export", "--out", str(tmp_path / "exported")], ["eval", "--tasks", "lambada"]):
+    for command in (["eval", "--tasks", "lambada"], ["train", "--out", str(tmp_path / "trained")]):
         assert main([command[0], "--model", str(tmp_path / "run"), *command[1:]]) == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert f"holds a preproj vision model ({model_type.model_type}), not a language model" in err
-    assert not (tmp_path / "exported").exists()
+    assert not (tmp_path / "trained").exists()
 
 
 def test_a_vision_run_with_a_learned_position_trains_and_reloads(data, tmp_path):

@@ -179,22 +179,33 @@ def _harness(ns: argparse.Namespace) -> int:
 
 
 def _export(ns: argparse.Namespace) -> int:
+    from .core.adapter import load_adapter
     from .standalone import export
+    from .vision import load_vision_run
 
+    start = time.monotonic()
+    vision = load_vision_run(ns.model)
     adapter = ns.adapter
     if adapter is None:
         if not (Path(ns.model) / "adapter").is_dir():
+            if vision is not None:
+                raise ValueError(f"{ns.model} is a plain vision run (method base): it carries no preproj modules, so "
+                                 f"there is nothing to export; preproj.vision's {type(vision).__name__}"
+                                 ".from_pretrained loads it.")
             raise ValueError("--adapter is required: the directory written by `preproj train` (for a `preproj "
                              "pretrain` run, give its directory as --model and the adapter inside it is found).")
         adapter = str(Path(ns.model) / "adapter")
-    start = time.monotonic()
-    model, tokenizer = _load(ns.model, adapter, device="cpu")
+    if vision is not None:
+        model, tokenizer = load_adapter(vision, adapter), None
+    else:
+        model, tokenizer = _load(ns.model, adapter, device="cpu")
     run_dir = adapter if (Path(adapter) / "train_config.json").is_file() else ns.model
     out = export(model, ns.out, tokenizer, dtype=ns.dtype, run_dir=run_dir)
     size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
+    use = ("" if vision is not None else f", or score it with `preproj eval --model {out} --trust-remote-code`")
     print(f"summary: wrote {out} ({size:.0f} MiB, {ns.dtype}) in {time.monotonic() - start:.0f}s; load it with "
-          f"AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True), or score it with "
-          f"`preproj eval --model {out} --trust-remote-code`")
+          f"{'AutoModel' if vision is not None else 'AutoModelForCausalLM'}.from_pretrained({str(out)!r}, "
+          f"trust_remote_code=True){use}")
     return 0
 
 

@@ -166,8 +166,8 @@ def refuse_vision_run(name: str) -> None:
     if model_type and model_type.startswith("preproj-"):
         raise ModelLoadError(f"{name!r} holds a preproj vision model ({model_type}), not a language model: load it "
                              "with preproj.vision's ImageClassifier or ClipTransformer .from_pretrained, and "
-                             "load_adapter(model, DIR/adapter); of the commands, `inspect` takes it, `eval`, `export` "
-                             "and `train` take language models (docs/guide/vision.md).")
+                             "load_adapter(model, DIR/adapter); of the commands, `inspect` and `export` take it, "
+                             "`eval` and `train` take language models (docs/guide/vision.md).")
 
 
 def load_model(name: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = torch.float32,

@@ -50,13 +50,14 @@ def model_card(base: nn.Module, config: dict, run_dir: str | os.PathLike | None)
                      f"layers: {added:,} parameters added to the base's {total - added:,}. The modules are nonlinear, "
                      "so they cannot be merged into the base weights; this directory carries them with "
                      "`modeling_preproj.py`, which builds the base's own transformers class "
-                     f"(`{type(base).__name__}`) and wraps its attention.", "",
+                     f"(`{type(base).__name__}`), and `preproj_modules.py`, which wraps its attention.", "",
                      "## Use", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
                      'model = AutoModelForCausalLM.from_pretrained("PATH", trust_remote_code=True)',
                      'tokenizer = AutoTokenizer.from_pretrained("PATH", trust_remote_code=True)', "```", "",
-                     "`trust_remote_code=True` runs `modeling_preproj.py` from this directory: it imports torch and "
-                     "transformers only and is short enough to read before you run it. The tokenizer asks for it too, "
-                     "as transformers reads the model's config (`PreProjConfig`, in that file) to find it.", ""]
+                     "`trust_remote_code=True` runs the two Python files in this directory: they import torch and "
+                     "transformers only and are short enough to read before you run them. The tokenizer asks for it "
+                     "too, as transformers reads the model's config (`PreProjConfig`, in `modeling_preproj.py`) to "
+                     "find it.", ""]
     lines += _training(run_dir) + _evaluation(run_dir)
     note = (embedded.licence_note if embedded else "Trained from scratch: its licence is whoever shares it to choose."
             if from_scratch else f"The licence of the base model ({name}) applies.")
@@ -71,15 +72,14 @@ def _read(path: Path) -> dict:
         return {}
 
 
-def _training(run_dir) -> list[str]:
+def _training(run_dir, inputs: str = "sequences x length") -> list[str]:
     if run_dir is None or not (Path(run_dir) / "train_config.json").is_file():
         return []
     args, summary = _read(Path(run_dir) / "train_config.json"), _read(Path(run_dir) / "summary.json")
     heldout = summary.get("final_heldout_loss")
     rows = [("method", args.get("method")), ("data", args.get("data_description") or args.get("data")),
             ("steps", args.get("steps")), ("tokens seen", summary.get("tokens_seen")),
-            ("learning rate", args.get("lr")), ("sequences x length", f"{args.get('global_batch_size')} x "
-                                                                      f"{args.get('seq_len')}"),
+            ("learning rate", args.get("lr")), (inputs, f"{args.get('global_batch_size')} x {args.get('seq_len')}"),
             ("precision", args.get("precision")), ("seed", args.get("seed")),
             ("final held-out loss", f"{heldout:.4f}" if isinstance(heldout, float) else None)]
     how = ("Trained from scratch with `preproj pretrain`, every weight learning." if args.get("train_base") else
@@ -110,3 +110,46 @@ def _evaluation(run_dir) -> list[str]:
     return ["## Evaluation", "", "The scores recorded in the run's directory (± one standard error over items where "
             "given).", "",
             "| task | metric | value | items | protocol |", "|---|---|---|---|---|"] + rows + [""]
+
+
+VISION_TASKS = {"image": ("image-classification", "images (batch, channels, size, size)", "class logits"),
+                "direction": ("video-classification", "whole clips (batch, frames, channels, size, size)",
+                              "class logits (which way the first digit moves)"),
+                "next-frame": (None, "the context's frames (batch, context, channels, size, size)",
+                               "the following frames' pixel logits (batch, frames - context, channels, size, size)")}
+
+
+def vision_card(base: nn.Module, config: dict, run_dir: str | os.PathLike | None) -> str:
+    """The card of a vision run trained from scratch: what it takes and gives, its training and its scores."""
+    shape, spec = config["vision"], config["preproj"]
+    pipeline, takes, gives = VISION_TASKS[shape.get("objective") or shape["kind"]]
+    added = sum(t.numel() for t in adapter_state_dict(base).values())
+    total = sum(p.numel() for p in base.parameters())
+    position = ("axial RoPE inside attention, so the modules see no position" if shape["position"] == "rope" else
+                "a learned embedding added before the blocks, which the modules read")
+    front = ["---", "library_name: transformers"] + ([f"pipeline_tag: {pipeline}"] if pipeline else []) + [
+        "tags:", "- preproj", "- vision", "license: other", "---", ""]
+    lines = front + [f"# {type(base).__name__} with preproj ({spec['mode']})", "",
+                     f"A vision transformer trained from scratch with {method_text(spec['mode'])}, in "
+                     f"{len(spec['adapted_layers'])} attention layers ({added:,} of its {total:,} parameters). Its "
+                     f"body is transformers' Pixtral vision encoder, position entering as {position}. "
+                     "`modeling_preproj_vision.py` builds it and `preproj_modules.py` wraps its attention.", "",
+                     "## Use", "", "```python", "from transformers import AutoModel", "",
+                     'model = AutoModel.from_pretrained("PATH", trust_remote_code=True)',
+                     "logits = model(pixel_values).logits", "```", "",
+                     f"It takes {takes}, floats or uint8 read as value / 255, and gives {gives}. "
+                     "`trust_remote_code=True` runs the two Python files in this directory: they import torch and "
+                     "transformers only and are short enough to read before you run them.", ""]
+    lines += _training(run_dir, "inputs x tokens") + _vision_scores(run_dir)
+    return "\n".join(lines + ["## Licence", "", "Trained from scratch: its licence is whoever shares it to choose. "
+                              "Exported with preproj, which is MIT-licensed.", ""])
+
+
+def _vision_scores(run_dir) -> list[str]:
+    summary = _read(Path(run_dir) / "summary.json") if run_dir is not None else {}
+    rows = [f"| {split} | {metric} | {value:.4f} |" for metric in ("loss", "accuracy")
+            for split, value in summary.get(metric, {}).items() if isinstance(value, (int, float))]
+    if not rows:
+        return []
+    return ["## Evaluation", "", "The run's own scores (`test_shuffled`: the test inputs with their patches permuted "
+            "and their positions kept).", "", "| split | metric | value |", "|---|---|---|"] + rows + [""]

@@ -2,9 +2,13 @@
 
 The pre-projection and the skip are nonlinear and cannot be merged into the base weights, so the directory carries
 a small modeling file (modeling_preproj.py, beside this module) that builds the base architecture's own transformers
-class and wraps its attention as `attach` does; config.json maps AutoConfig and AutoModelForCausalLM to it, and
-`from_pretrained(path, trust_remote_code=True)` loads it. A LoRA half (method preproj+lora) is merged into the base
-weights first: it is linear, so merging is exact up to rounding.
+class and wraps its attention as `attach` does (with preproj_modules.py, which it imports); config.json maps
+AutoConfig and AutoModelForCausalLM to it, and `from_pretrained(path, trust_remote_code=True)` loads it. A LoRA half
+(method preproj+lora) is merged into the base weights first: it is linear, so merging is exact up to rounding.
+
+A vision run (preproj.vision's models, trained by `pretrain --task mnist|moving-mnist...`) carries
+modeling_preproj_vision.py instead, which builds its Pixtral encoder, head and positions; config.json maps AutoModel
+to it.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import os
 import re
 import shutil
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -22,9 +27,12 @@ from torch import nn
 from ..core.attach import adapted_layers, is_attached
 from ..core.families import family_of
 from ..runtime.files import give_plain_modes, write_json
-from .card import model_card
+from .card import model_card, vision_card
 
 MODELING_FILE = "modeling_preproj.py"
+VISION_MODELING_FILE = "modeling_preproj_vision.py"
+MODULES_FILE = "preproj_modules.py"  # the modules and the attention wrapper, which both modeling files import
+VISION_HEADS = {"preproj-image-classifier": "AutoModelForImageClassification"}  # the clip models: by objective
 WEIGHTS_FILE = "model.safetensors"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -45,21 +53,24 @@ def export(model: nn.Module, out: str | os.PathLike, tokenizer=None, *, dtype: s
         raise ExportError(f"{out} already exists and is not empty; export writes a new directory: choose another "
                           "--out or remove it.")
     base, state = _merged_state(model)
+    vision = is_vision(base)
     target_dtype = _dtype(dtype, base)
     tensors = _dedup_tied({k: v.detach().to(target_dtype).contiguous().cpu() for k, v in state.items()})
-    config = _config(base, target_dtype)
+    config = (_vision_config if vision else _config)(base, target_dtype)
+    code = {VISION_MODELING_FILE: _source(VISION_MODELING_FILE)} if vision else {MODELING_FILE: modeling_source(base)}
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.export-"))
     try:
         save_file(tensors, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
         write_json(tmp / "config.json", config)
-        (tmp / MODELING_FILE).write_text(modeling_source(base))
+        for name, source in {**code, MODULES_FILE: _source(MODULES_FILE)}.items():
+            (tmp / name).write_text(source)
         if getattr(base, "generation_config", None) is not None:
             base.generation_config.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        (tmp / "README.md").write_text(model_card(base, config, run_dir))
+        (tmp / "README.md").write_text((vision_card if vision else model_card)(base, config, run_dir))
         give_plain_modes(tmp)
         if out.exists():
             out.rmdir()
@@ -107,9 +118,14 @@ def _keeps(key: str, lora_modules: tuple[str, ...]) -> bool:
     return prefix is None or key[len(prefix):] in ("weight", "bias")
 
 
+def is_vision(base: nn.Module) -> bool:
+    """One of preproj.vision's models (which this layer does not import): they name their own model_type."""
+    return str(getattr(base, "model_type", "")).startswith("preproj-") and hasattr(base, "shape")
+
+
 def _dtype(dtype: str | torch.dtype | None, base: nn.Module) -> torch.dtype:
     if dtype is None:
-        return base.get_input_embeddings().weight.dtype
+        return next(base.parameters()).dtype if is_vision(base) else base.get_input_embeddings().weight.dtype
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in DTYPES:
@@ -130,10 +146,6 @@ def _dedup_tied(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _config(base: nn.Module, dtype: torch.dtype) -> dict:
-    family = family_of(base)
-    config = base.preproj_config
-    d = int(base.config.hidden_size)
-    layers = [i for i, _ in adapted_layers(base)]
     values = base.config.to_dict()
     values.update({
         "model_type": f"preproj_{base.config.model_type}",
@@ -141,18 +153,39 @@ def _config(base: nn.Module, dtype: torch.dtype) -> dict:
         "auto_map": {"AutoConfig": "modeling_preproj.PreProjConfig",
                      "AutoModelForCausalLM": "modeling_preproj.PreProjForCausalLM"},
         "dtype": str(dtype).removeprefix("torch."),
-        "preproj": {
-            "mode": config.mode,
-            "hidden_width": config.hidden_width(d),
-            "activation": config.activation,
-            "adapted_layers": layers,
-            "decoder_layers": family.layers,
-            "attention": family.attention,
-            "skip_after": family.skip_after if config.use_skip else None,
-            **({} if config.is_paper_mode else _block_changes(base, family)),
-        },
+        "preproj": _modules_spec(base),
     })
     return values
+
+
+def _vision_config(base: nn.Module, dtype: torch.dtype) -> dict:
+    """config.json of a vision run: its shape (`vision`, with `kind`), its encoder's Pixtral config and the modules."""
+    module = VISION_MODELING_FILE.removesuffix(".py")
+    kind = "image" if base.model_type == "preproj-image-classifier" else "clip"
+    head = VISION_HEADS.get(base.model_type) or (
+        "AutoModelForVideoClassification" if getattr(base.shape, "objective", None) == "direction" else None)
+    auto_map = {"AutoConfig": f"{module}.PreProjVisionConfig", "AutoModel": f"{module}.PreProjVisionModel"}
+    return {"model_type": "preproj_vision", "architectures": ["PreProjVisionModel"],
+            "auto_map": {**auto_map, **({head: auto_map["AutoModel"]} if head else {})},
+            "dtype": str(dtype).removeprefix("torch."), "vision": {"kind": kind, **asdict(base.shape)},
+            "pixtral": base.config.to_dict(), "preproj": _modules_spec(base)}
+
+
+def _modules_spec(base: nn.Module) -> dict:
+    """config.json's `preproj`: the mode, the modules' sizes, which layers and where they live."""
+    family = family_of(base)
+    config = base.preproj_config
+    d = int(base.config.hidden_size)
+    return {
+        "mode": config.mode,
+        "hidden_width": config.hidden_width(d),
+        "activation": config.activation,
+        "adapted_layers": [i for i, _ in adapted_layers(base)],
+        "decoder_layers": family.layers,
+        "attention": family.attention,
+        "skip_after": family.skip_after if config.use_skip else None,
+        **({} if config.is_paper_mode else _block_changes(base, family)),
+    }
 
 
 def _block_changes(base: nn.Module, family) -> dict:
@@ -174,7 +207,11 @@ def modeling_source(base: nn.Module) -> str:
         if getattr(transformers, cls.__name__, None) is not cls:
             raise ExportError(f"{cls.__name__} is not a transformers class, so an export could not rebuild the base "
                               "with transformers alone; export supports models whose classes ship with transformers.")
-    source = (Path(__file__).with_name(MODELING_FILE)).read_text()
+    source = _source(MODELING_FILE)
     for alias, cls in (("BaseConfig", config_class), ("BaseForCausalLM", model_class)):
         source = re.sub(rf"import \w+ as {alias}\b", f"import {cls.__name__} as {alias}", source, count=1)
     return source
+
+
+def _source(name: str) -> str:
+    return Path(__file__).with_name(name).read_text()

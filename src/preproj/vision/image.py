@@ -14,8 +14,8 @@ carried by content that does not depend on where it is.
 
 `preproj pretrain --task mnist` trains it through the text side's loop (training/scratch_vision.py); a trained model
 is a directory (directory.py). `VisionShape(position="learned")` adds a learned absolute position embedding instead
-(pixtral.py), with which the modules read position. Not offered: export (`preproj export` refuses a vision run in
-one line).
+(pixtral.py), with which the modules read position. `preproj export` writes a trained one as a transformers
+directory (standalone/modeling_preproj_vision.py).
 """
 
 from __future__ import annotations
