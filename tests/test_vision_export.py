@@ -38,8 +38,13 @@ for case in json.load(open(sys.argv[1])):
     with torch.no_grad():
         outs = {name: model(inputs, labels=labels) for name, model in loaded.items()}
     model = loaded["AutoModel"]
+    try:
+        model(inputs[..., 1:])
+        refused = None
+    except ValueError as e:
+        refused = str(e)
     results[case["name"]] = {"class": type(model).__name__, "logits": outs["AutoModel"].logits.tolist(),
-                             "loss": outs["AutoModel"].loss.item(),
+                             "loss": outs["AutoModel"].loss.item(), "refused": refused,
                              "same": [torch.equal(o.logits, outs["AutoModel"].logits) for o in outs.values()]}
 json.dump(results, open(sys.argv[2], "w"))
 """
@@ -102,6 +107,7 @@ def test_a_vision_export_computes_what_the_vision_model_computes(exported, name)
     assert results[name]["class"] == "PreProjVisionModel" and all(results[name]["same"])
     assert torch.allclose(torch.tensor(results[name]["logits"]), logits, atol=1e-5)
     assert results[name]["loss"] == pytest.approx(loss.item(), abs=1e-5)
+    assert results[name]["refused"].startswith("pixel_values must be (batch, ")  # one pixel column short
 
 
 def test_a_vision_export_maps_the_auto_classes_of_its_task_and_carries_its_code_and_card(exported):

@@ -99,17 +99,34 @@ class PreProjVisionModel(PreTrainedModel):
 
     def _positions(self) -> torch.Tensor:
         s = self.config.vision
-        grid = (s["image_size"] if s["kind"] == "image" else s["size"]) // s["patch_size"]
-        return grid_positions(grid, grid) if s["kind"] == "image" else grid_positions(
-            s["frames"] // s["tubelet"], grid, grid)
+        if s["kind"] == "image":
+            grid = s["image_size"] // s["patch_size"]
+            return grid_positions(grid, grid)
+        grid = s["size"] // s["patch_size"]
+        return grid_positions(s["frames"] // s["tubelet"], grid, grid)
+
+    def _checked(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """The input as floats, (batch, channels, size, size) or (batch, frames, channels, size, size)."""
+        s = self.config.vision
+        if s["kind"] == "image":
+            shape = (s["channels"], s["image_size"], s["image_size"])
+        else:
+            frames = s["context"] if s["objective"] == "next-frame" else s["frames"]
+            shape = (frames, s["channels"], s["size"], s["size"])
+            if pixel_values.ndim == 4 and s["channels"] == 1:
+                pixel_values = pixel_values.unsqueeze(2)
+        if tuple(pixel_values.shape[1:]) != shape:
+            raise ValueError(f"pixel_values must be (batch, {', '.join(map(str, shape))}), got "
+                             f"{tuple(pixel_values.shape)}.")
+        return pixel_values / 255.0 if pixel_values.dtype == torch.uint8 else pixel_values
 
     def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None, **kwargs) -> VisionOutput:
         """`pixel_values`: images (batch, channels, size, size), or clips (batch, frames, [channels,] size, size):
         the context's frames for next-frame (labels: the frames that follow), the whole clip for direction."""
         s, encoder = self.config.vision, self.encoder
-        x = pixel_values / 255.0 if pixel_values.dtype == torch.uint8 else pixel_values
+        x = self._checked(pixel_values)
         if s["kind"] == "clip":
-            x = (x.unsqueeze(2) if x.ndim == 4 else x).transpose(1, 2)  # (batch, channels, frames, size, size)
+            x = x.transpose(1, 2)  # (batch, channels, frames, size, size)
         x = encoder.patch_conv(x.to(encoder.patch_conv.weight.dtype))
         x = encoder.ln_pre(x.flatten(2).transpose(1, 2))  # (batch, given tokens, d), row-major
         given, positions = x.shape[1], self._positions()
