@@ -124,6 +124,8 @@ def test_a_vision_export_maps_the_auto_classes_of_its_task_and_carries_its_code_
     assert "pipeline_tag: image-classification" in card and "preproj (preproj+skip)" in card
     config = json.loads((tmp / "next-frame" / "config.json").read_text())
     assert config["vision"]["kind"] == "clip" and config["vision"]["objective"] == "next-frame"
+    assert "id2label" not in config
+    assert json.loads((tmp / "direction" / "config.json").read_text())["id2label"] == {str(i): str(i) for i in range(4)}
     assert config["preproj"]["decoder_layers"] == "encoder.transformer.layers"
 
 

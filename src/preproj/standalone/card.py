@@ -137,7 +137,8 @@ def vision_card(base: nn.Module, config: dict, run_dir: str | os.PathLike | None
                      "## Use", "", "```python", "from transformers import AutoModel", "",
                      'model = AutoModel.from_pretrained("PATH", trust_remote_code=True)',
                      "logits = model(pixel_values).logits", "```", "",
-                     f"It takes {takes}, floats or uint8 read as value / 255, and gives {gives}. "
+                     f"It takes {takes} as a tensor, floats or uint8 read as value / 255 (the directory holds no "
+                     f"image processor), and gives {gives}. "
                      "`trust_remote_code=True` runs the two Python files in this directory: they import torch and "
                      "transformers only and are short enough to read before you run them.", ""]
     lines += _training(run_dir, "inputs x tokens") + _vision_scores(run_dir)

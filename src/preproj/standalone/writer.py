@@ -165,10 +165,13 @@ def _vision_config(base: nn.Module, dtype: torch.dtype) -> dict:
     head = VISION_HEADS.get(base.model_type) or (
         "AutoModelForVideoClassification" if getattr(base.shape, "objective", None) == "direction" else None)
     auto_map = {"AutoConfig": f"{module}.PreProjVisionConfig", "AutoModel": f"{module}.PreProjVisionModel"}
+    classes = {} if getattr(base.shape, "objective", None) == "next-frame" else {
+        "id2label": {str(i): str(i) for i in range(base.shape.classes)},
+        "label2id": {str(i): i for i in range(base.shape.classes)}}
     return {"model_type": "preproj_vision", "architectures": ["PreProjVisionModel"],
             "auto_map": {**auto_map, **({head: auto_map["AutoModel"]} if head else {})},
             "dtype": str(dtype).removeprefix("torch."), "vision": {"kind": kind, **asdict(base.shape)},
-            "pixtral": base.config.to_dict(), "preproj": _modules_spec(base)}
+            "pixtral": base.config.to_dict(), "preproj": _modules_spec(base), **classes}
 
 
 def _modules_spec(base: nn.Module) -> dict:
