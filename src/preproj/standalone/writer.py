@@ -43,9 +43,11 @@ class ExportError(ValueError):
 
 def export(model: nn.Module, out: str | os.PathLike, tokenizer=None, *, dtype: str | torch.dtype | None = None,
            run_dir: str | os.PathLike | None = None) -> Path:
-    """Write `model` (carrying a preproj adapter, optionally under a PEFT LoRA) to `out` as a transformers model
-    directory: weights in safetensors, config.json with an auto_map to modeling_preproj.py, the tokenizer when
-    given, generation_config.json and a model card. `dtype` casts every weight (default: the base's dtype);
+    """Write `model` (a language model carrying a preproj adapter, optionally under a PEFT LoRA, or one of
+    preproj.vision's models with the modules attached) to `out` as a transformers model directory: weights in
+    safetensors, config.json with an auto_map to the modeling file (modeling_preproj.py, or
+    modeling_preproj_vision.py) and preproj_modules.py beside it, the tokenizer when given, generation_config.json
+    for a language model and a model card. `dtype` casts every weight (default: the base's dtype);
     `run_dir`, the training run's directory, lends the card its training settings and evaluation numbers.
     The directory appears whole or not at all."""
     out = Path(out)
