@@ -32,7 +32,8 @@ from .card import model_card, vision_card
 MODELING_FILE = "modeling_preproj.py"
 VISION_MODELING_FILE = "modeling_preproj_vision.py"
 MODULES_FILE = "preproj_modules.py"  # the modules and the attention wrapper, which both modeling files import
-VISION_HEADS = {"preproj-image-classifier": "AutoModelForImageClassification"}  # the clip models: by objective
+VISION_HEADS = {"image": "AutoModelForImageClassification", "direction": "AutoModelForVideoClassification"}
+"""The auto class of each vision task beside AutoModel (next-frame prediction has none)."""
 WEIGHTS_FILE = "model.safetensors"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -164,14 +165,14 @@ def _vision_config(base: nn.Module, dtype: torch.dtype) -> dict:
     """config.json of a vision run: its shape (`vision`, with `kind`), its encoder's Pixtral config and the modules."""
     module = VISION_MODELING_FILE.removesuffix(".py")
     kind = "image" if base.model_type == "preproj-image-classifier" else "clip"
-    head = VISION_HEADS.get(base.model_type) or (
-        "AutoModelForVideoClassification" if getattr(base.shape, "objective", None) == "direction" else None)
+    task = getattr(base.shape, "objective", None) or kind  # image, next-frame or direction
     auto_map = {"AutoConfig": f"{module}.PreProjVisionConfig", "AutoModel": f"{module}.PreProjVisionModel"}
-    classes = {} if getattr(base.shape, "objective", None) == "next-frame" else {
+    if task in VISION_HEADS:
+        auto_map[VISION_HEADS[task]] = auto_map["AutoModel"]
+    classes = {} if task == "next-frame" else {
         "id2label": {str(i): str(i) for i in range(base.shape.classes)},
         "label2id": {str(i): i for i in range(base.shape.classes)}}
-    return {"model_type": "preproj_vision", "architectures": ["PreProjVisionModel"],
-            "auto_map": {**auto_map, **({head: auto_map["AutoModel"]} if head else {})},
+    return {"model_type": "preproj_vision", "architectures": ["PreProjVisionModel"], "auto_map": auto_map,
             "dtype": str(dtype).removeprefix("torch."), "vision": {"kind": kind, **asdict(base.shape)},
             "pixtral": base.config.to_dict(), "preproj": _modules_spec(base), **classes}
 
